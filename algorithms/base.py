@@ -1,0 +1,198 @@
+"""The algorithm protocol (ALF's ``RLAlgorithm``, simplified) and its shared plumbing.
+
+How the pieces are driven (one process or many)::
+
+    alg = algorithms.make("dqn", obs_space, act_space, device="cpu")
+    state = alg.get_initial_state(num_envs)
+    # unroller / actor
+    step = alg.rollout_step(time_step, state)      # step.output: actions [B]
+    exp = make_experience(time_step, step)         # stored step t, goes to replay / trajectory
+    # learner
+    result = alg.train_on(batch, importance_weights)   # [B, T] off-policy or [T, B] on-policy
+    replay.update_priorities(indices, result.priorities)
+    params = alg.policy_state_dict()               # to unrollers and evaluators
+    # evaluator
+    alg.load_policy_state_dict(params); alg.predict_step(time_step, state).output
+
+``train_on`` is ``train_step -> calc_loss -> update_with_gradient -> after_update``; an
+algorithm may override it (PPO runs several epochs of mini-batches).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+from algorithms.data import AlgStep, Experience, LossInfo, TimeStep, TrainResult, to_tensor
+from algorithms.losses import importance_weighted_mean
+
+
+class RLAlgorithm(nn.Module):
+    """Base of every algorithm here (the only level of inheritance).
+
+    Subclasses set ``on_policy``, ``_policy_modules`` (attribute names of the modules that
+    ``predict_step``/``rollout_step`` need) and register their optimizers with
+    ``_add_optimizer``; they implement ``predict_step``, ``rollout_step``, ``train_step`` and
+    ``calc_loss``.
+    """
+
+    on_policy: bool = False
+    _policy_modules: tuple[str, ...] = ()
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space,
+                 device: str | torch.device = "cpu", max_grad_norm: float | None = None):
+        super().__init__()
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.device = torch.device(device)
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        self.max_grad_norm = max_grad_norm
+        # Counters are buffers so they travel with state_dict() / checkpoints.
+        self.register_buffer("train_steps", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("rollout_env_steps", torch.zeros((), dtype=torch.int64))
+        self._optimizers: dict[str, torch.optim.Optimizer] = {}
+
+    # ----- construction helpers -------------------------------------------------------------
+    def _add_optimizer(self, name: str, params, lr: float, **kwargs) -> torch.optim.Optimizer:
+        opt = torch.optim.Adam(list(params), lr=lr, **kwargs)
+        self._optimizers[name] = opt
+        return opt
+
+    # ----- input conversion -----------------------------------------------------------------
+    def _obs(self, x) -> torch.Tensor:
+        return to_tensor(x, self.device, torch.float32)
+
+    def _action_in(self, x) -> torch.Tensor:
+        return to_tensor(x, self.device, torch.int64 if self.discrete else torch.float32)
+
+    def _experience(self, exp: Experience) -> Experience:
+        """Wire arrays -> tensors on ``self.device`` with the dtypes the losses expect."""
+        return Experience(
+            step_type=to_tensor(exp.step_type, self.device, torch.int64),
+            reward=to_tensor(exp.reward, self.device, torch.float32),
+            discount=to_tensor(exp.discount, self.device, torch.float32),
+            observation=self._obs(exp.observation),
+            prev_action=(),
+            env_id=(),
+            action=self._action_in(exp.action),
+            rollout_info={k: to_tensor(v, self.device) for k, v in (exp.rollout_info or {}).items()},
+        )
+
+    # ----- the step interface ---------------------------------------------------------------
+    def get_initial_state(self, batch_size: int) -> Any:
+        """Recurrent state for ``batch_size`` environments (``()``: feed-forward)."""
+        return ()
+
+    def predict_step(self, time_step: TimeStep, state=()) -> AlgStep:
+        """Greedy action for evaluation; ``time_step`` fields ``[B, ...]``."""
+        raise NotImplementedError
+
+    def rollout_step(self, time_step: TimeStep, state=()) -> AlgStep:
+        """Exploration action; ``info`` is the ``rollout_info`` dict stored with the step."""
+        raise NotImplementedError
+
+    def train_step(self, experience: Experience, state=()) -> AlgStep:
+        """Forward pass on a training batch; returns ``AlgStep(info=...)`` for ``calc_loss``."""
+        raise NotImplementedError
+
+    def calc_loss(self, info) -> LossInfo:
+        """Per-sample losses (``[B]``) and priorities from ``train_step``'s info."""
+        raise NotImplementedError
+
+    def update_with_gradient(self, loss_info: LossInfo,
+                             importance_weights: torch.Tensor | None = None) -> float:
+        """One gradient step of every optimizer on the importance-weighted mean loss."""
+        loss = importance_weighted_mean(loss_info.loss, importance_weights)
+        if isinstance(loss_info.scalar_loss, torch.Tensor):
+            loss = loss + loss_info.scalar_loss
+        for opt in self._optimizers.values():
+            opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.max_grad_norm:
+            for opt in self._optimizers.values():
+                nn.utils.clip_grad_norm_(
+                    [p for g in opt.param_groups for p in g["params"]], self.max_grad_norm)
+        for opt in self._optimizers.values():
+            opt.step()
+        self.train_steps += 1
+        return float(loss.detach())
+
+    def after_update(self, info=None) -> None:
+        """Post-update bookkeeping (target networks)."""
+
+    def train_on(self, experience: Experience,
+                 importance_weights: torch.Tensor | None = None) -> TrainResult:
+        """One full update on one batch (``[B, T]`` for off-policy algorithms, ``[T, B]`` for
+        on-policy ones); returns scalar metrics and per-sample priorities ``[B]`` or None."""
+        exp = self._experience(experience)
+        w = None if importance_weights is None else to_tensor(
+            importance_weights, self.device, torch.float32)
+        info = self.train_step(exp).info
+        loss_info = self.calc_loss(info)
+        total = self.update_with_gradient(loss_info, w)
+        self.after_update(info)
+        metrics = {"loss/total": total}
+        metrics.update(_scalars(loss_info.extra))
+        prio = loss_info.priority
+        return TrainResult(metrics, prio.detach().cpu() if isinstance(prio, torch.Tensor) else None)
+
+    # ----- parameters and checkpoints -------------------------------------------------------
+    def policy_state_dict(self) -> dict[str, torch.Tensor]:
+        """Flat ``{name: CPU tensor}`` of what ``predict_step``/``rollout_step`` need."""
+        out = {}
+        for name in self._policy_modules:
+            for k, v in getattr(self, name).state_dict().items():
+                out[f"{name}.{k}"] = v.detach().to("cpu", copy=True)
+        return out
+
+    def load_policy_state_dict(self, d: dict[str, Any]) -> None:
+        """Load what ``policy_state_dict`` exported (tensors or numpy arrays)."""
+        for name in self._policy_modules:
+            prefix = f"{name}."
+            sub = {k[len(prefix):]: to_tensor(v) for k, v in d.items() if k.startswith(prefix)}
+            getattr(self, name).load_state_dict(sub)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Full state: networks, target networks, alpha, counters and optimizers; plain nested
+        containers of tensors and numbers, loadable with ``torch.load(weights_only=True)``."""
+        return {
+            "module": {k: v.detach().cpu().clone() for k, v in self.state_dict().items()},
+            "optimizers": {k: _to_cpu(opt.state_dict()) for k, opt in self._optimizers.items()},
+        }
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        self.load_state_dict(state["module"])
+        for k, opt in self._optimizers.items():
+            opt.load_state_dict(state["optimizers"][k])
+
+    @staticmethod
+    @torch.no_grad()
+    def _soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
+        """``target <- (1 - tau) * target + tau * source`` (parameters and buffers)."""
+        for t, s in zip(target.parameters(), source.parameters(), strict=True):
+            t.lerp_(s, tau)
+        for t, s in zip(target.buffers(), source.buffers(), strict=True):
+            t.copy_(s)
+
+
+def _to_cpu(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().clone()
+    if isinstance(x, dict):
+        return {k: _to_cpu(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return type(x)(_to_cpu(v) for v in x)
+    return x
+
+
+def _scalars(extra) -> dict[str, float]:
+    out = {}
+    for k, v in (extra or {}).items():
+        if isinstance(v, torch.Tensor):
+            out[k] = float(v.detach().float().mean())
+        elif isinstance(v, int | float):
+            out[k] = float(v)
+    return out

@@ -1,0 +1,178 @@
+"""ALF data conventions: step types, time steps, algorithm steps, losses, experience.
+
+Shapes
+------
+* one step of a batch of environments: ``[B, ...]``
+* an on-policy unroll (what ``unroll`` produces): time-major ``[T, B, ...]``
+* an off-policy training batch (what a replay buffer's ``get_batch`` returns): batch-major
+  ``[B, T, ...]``
+
+Every method that takes a sequence says which of the two it expects.
+
+Episode boundaries (Gymnasium 1.x vector envs with ``AutoresetMode.NEXT_STEP``)
+------------------------------------------------------------------------------
+The ``reward`` and ``discount`` of time step ``t`` belong to the transition that *arrived* at
+``t``. The step on which an environment reports terminated/truncated is ``LAST`` and carries the
+final observation; the next step is ``FIRST`` (reset observation, reward 0) and the action given
+on the ``LAST`` step is ignored by the environment. Termination is ``LAST`` with discount 0;
+truncation (time limit) is ``LAST`` with discount 1, so targets bootstrap from the final
+observation. No multi-step target crosses ``LAST -> FIRST``.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+
+class StepType(IntEnum):
+    """Position of a time step in its episode (ALF's values)."""
+
+    FIRST = 0
+    MID = 1
+    LAST = 2
+
+
+class TimeStep(NamedTuple):
+    """What an environment batch returns for one step; every field is ``[B, ...]``.
+
+    step_type: ``StepType`` as int (int32 or int64).
+    reward: reward of the transition that arrived here (0 on FIRST), float32.
+    discount: 0 on termination, 1 otherwise (truncation keeps 1), float32.
+    observation: float32 observation (the final observation on LAST).
+    prev_action: the action that led here.
+    env_id: int index of each environment.
+    """
+
+    step_type: Any = ()
+    reward: Any = ()
+    discount: Any = ()
+    observation: Any = ()
+    prev_action: Any = ()
+    env_id: Any = ()
+
+    def is_first(self) -> torch.Tensor:
+        return self.step_type == StepType.FIRST
+
+    def is_last(self) -> torch.Tensor:
+        return self.step_type == StepType.LAST
+
+
+class AlgStep(NamedTuple):
+    """Output of ``predict_step``/``rollout_step``/``train_step``.
+
+    output: the action (``[B, ...]``) for predict/rollout steps.
+    state: recurrent state (``()`` for the feed-forward algorithms here).
+    info: for ``rollout_step``, the ``rollout_info`` dict of tensors stored with the experience;
+        for ``train_step``, whatever ``calc_loss`` needs.
+    """
+
+    output: Any = ()
+    state: Any = ()
+    info: Any = ()
+
+
+class LossInfo(NamedTuple):
+    """Result of ``calc_loss``.
+
+    loss: per-sample loss, shape ``[B]`` (off-policy) or ``[T, B]`` (on-policy), not yet weighted.
+    scalar_loss: an extra scalar loss added once (e.g. alpha loss); ``()`` if none.
+    extra: dict of named per-sample or scalar terms for metrics.
+    priority: per-sample priority ``[B]`` for prioritized replay, or ``()``.
+    """
+
+    loss: Any = ()
+    scalar_loss: Any = ()
+    extra: Any = ()
+    priority: Any = ()
+
+
+class Experience(NamedTuple):
+    """One stored step: the time step at ``t``, the ``action`` taken at ``t`` and the
+    ``rollout_info`` dict that ``rollout_step`` produced at ``t``.
+
+    Fields are tensors (or numpy arrays on the wire) with a ``[B]`` step prefix, ``[T, B]`` for
+    on-policy unrolls, or ``[B, T]`` for replay batches. ``to_dict``/``from_dict`` convert to a
+    flat ``{name: array}`` mapping (``rollout_info.<key>`` for the info dict).
+    """
+
+    step_type: Any = ()
+    reward: Any = ()
+    discount: Any = ()
+    observation: Any = ()
+    prev_action: Any = ()
+    env_id: Any = ()
+    action: Any = ()
+    rollout_info: Any = ()
+
+    @property
+    def time_step(self) -> TimeStep:
+        return TimeStep(self.step_type, self.reward, self.discount, self.observation,
+                        self.prev_action, self.env_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat mapping ``name -> tensor/array`` suitable for a wire message."""
+        out = {f: getattr(self, f) for f in self._fields if f != "rollout_info"}
+        for k, v in (self.rollout_info or {}).items():
+            out[f"rollout_info.{k}"] = v
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Experience:
+        info = {k[len("rollout_info."):]: v for k, v in d.items() if k.startswith("rollout_info.")}
+        fields = {f: d[f] for f in cls._fields if f in d and f != "rollout_info"}
+        return cls(**fields, rollout_info=info)
+
+    def map(self, fn) -> Experience:
+        """Apply ``fn`` to every tensor (including those in ``rollout_info``)."""
+        return Experience.from_dict({k: fn(v) for k, v in self.to_dict().items()})
+
+
+def make_experience(time_step: TimeStep, alg_step: AlgStep) -> Experience:
+    """Build the stored step ``t`` from the time step ``t`` and ``rollout_step``'s output."""
+    return Experience(*time_step, action=alg_step.output, rollout_info=dict(alg_step.info or {}))
+
+
+class TrainResult(NamedTuple):
+    """What ``train_on`` returns to the learner.
+
+    metrics: scalar metrics, names namespaced (``loss/td``, ``alpha``, ...).
+    priorities: per-sample priorities ``[B]`` (CPU tensor) for the replay buffer, or None.
+    """
+
+    metrics: dict[str, float]
+    priorities: torch.Tensor | None = None
+
+
+def to_tensor(x: Any, device: torch.device | str = "cpu", dtype: torch.dtype | None = None):
+    """numpy array / scalar / tensor -> tensor on ``device`` (no copy when already there)."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device=device, dtype=dtype or x.dtype)
+    arr = np.asarray(x)
+    t = torch.from_numpy(arr) if arr.dtype != object else torch.as_tensor(arr)
+    return t.to(device=device, dtype=dtype or t.dtype)
+
+
+def experience_to_tensors(exp: Experience, device: torch.device | str = "cpu") -> Experience:
+    """Convert every field (numpy arrays from the wire) to tensors on ``device``."""
+    return exp.map(lambda v: to_tensor(v, device))
+
+
+def time_step_to_tensors(ts: TimeStep, device: torch.device | str = "cpu") -> TimeStep:
+    return TimeStep(*[to_tensor(v, device) if not (isinstance(v, tuple) and v == ()) else v
+                      for v in ts])
+
+
+def select_time(exp: Experience, t, batch_major: bool = True) -> Experience:
+    """Pick time index/slice ``t`` from a ``[B, T]`` (batch_major) or ``[T, B]`` experience."""
+    if batch_major:
+        return exp.map(lambda v: v[:, t])
+    return exp.map(lambda v: v[t])
+
+
+def transpose_bt(exp: Experience) -> Experience:
+    """Swap the two leading dims (``[B, T] <-> [T, B]``)."""
+    return exp.map(lambda v: v.transpose(0, 1) if isinstance(v, torch.Tensor) else np.swapaxes(v, 0, 1))

@@ -1,0 +1,121 @@
+"""DQN / Double DQN with n-step targets (Mnih et al. 2013; van Hasselt et al. 2015).
+
+Training batches are batch-major ``[B, T]`` windows with ``T = mini_batch_length = n_step + 1``.
+Every transition in the window is trained on; the target of row ``t`` is the bootstrapped
+return up to the window end (``n_step > 1``) or the one-step target (``n_step = 1``)::
+
+    a*       = argmax_a Q(s', a)            (double_q; else argmax of Q_target)
+    td_target = r + gamma * d * Q_target(s', a*)        (chained n times, stopped at LAST)
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from algorithms.base import RLAlgorithm
+from algorithms.data import AlgStep, Experience, LossInfo, TimeStep
+from algorithms.losses import TDLoss
+from algorithms.networks import QNetwork
+
+
+class DqnAlgorithm(RLAlgorithm):
+    """DQN for a ``Discrete`` action space.
+
+    fc_layer_params: hidden sizes of the Q network.
+    conv_layer_params: ``(filters, kernel, stride)`` conv layers for image observations.
+    learning_rate: Adam learning rate.
+    gamma: discount factor.
+    n_step: length of the bootstrapped return; batches must be ``n_step + 1`` long.
+    td_lambda: λ of the target within the window (default 1 for n-step, ignored if n_step=1).
+    td_error_loss_fn: ``"huber"`` or ``"squared"``.
+    double_q: pick the target action with the online network (Double DQN).
+    target_update_tau: soft-update factor of the target network (1 = hard copy).
+    target_update_period: update the target every this many gradient steps.
+    rollout_epsilon_greedy: final exploration epsilon of ``rollout_step``.
+    epsilon_greedy_start: initial exploration epsilon.
+    epsilon_decay_steps: rollout env steps over which epsilon decays linearly to its final value.
+    initial_random_steps: rollout env steps with uniformly random actions.
+    max_grad_norm: gradient clipping norm (None = off).
+    """
+
+    on_policy = False
+    _policy_modules = ("q_network",)
+
+    def __init__(self, observation_space, action_space, *, fc_layer_params=(256, 256),
+                 conv_layer_params=None, learning_rate: float = 1e-3, gamma: float = 0.99,
+                 n_step: int = 1, td_lambda: float = 1.0, td_error_loss_fn: str = "huber",
+                 double_q: bool = True, target_update_tau: float = 1.0,
+                 target_update_period: int = 100, rollout_epsilon_greedy: float = 0.05,
+                 epsilon_greedy_start: float = 1.0, epsilon_decay_steps: int = 10000,
+                 initial_random_steps: int = 0, max_grad_norm: float | None = 10.0,
+                 device="cpu"):
+        super().__init__(observation_space, action_space, device, max_grad_norm)
+        assert self.discrete, "DqnAlgorithm needs a Discrete action space"
+        self.q_network = QNetwork(observation_space, action_space, fc_layer_params,
+                                  conv_layer_params)
+        self.target_q_network = copy.deepcopy(self.q_network).requires_grad_(False)
+        self.num_actions = int(action_space.n)
+        self.double_q = double_q
+        self.n_step = n_step
+        self.mini_batch_length = n_step + 1
+        self.td_loss = TDLoss(gamma=gamma, td_error_loss_fn=td_error_loss_fn,
+                              td_lambda=td_lambda if n_step > 1 else 0.0)
+        self.target_update_tau = target_update_tau
+        self.target_update_period = target_update_period
+        self.epsilon_final = rollout_epsilon_greedy
+        self.epsilon_start = epsilon_greedy_start
+        self.epsilon_decay_steps = epsilon_decay_steps
+        self.initial_random_steps = initial_random_steps
+        self.to(self.device)
+        self._add_optimizer("q", self.q_network.parameters(), learning_rate)
+
+    def epsilon(self) -> float:
+        frac = min(1.0, int(self.rollout_env_steps) / max(1, self.epsilon_decay_steps))
+        return self.epsilon_start + frac * (self.epsilon_final - self.epsilon_start)
+
+    @torch.no_grad()
+    def predict_step(self, time_step: TimeStep, state=()) -> AlgStep:
+        q = self.q_network(self._obs(time_step.observation))
+        return AlgStep(output=q.argmax(-1), state=state, info={})
+
+    @torch.no_grad()
+    def rollout_step(self, time_step: TimeStep, state=()) -> AlgStep:
+        greedy = self.predict_step(time_step, state).output
+        b = greedy.shape[0]
+        eps = 1.0 if int(self.rollout_env_steps) < self.initial_random_steps else self.epsilon()
+        random_a = torch.randint(0, self.num_actions, (b,), device=self.device)
+        explore = torch.rand(b, device=self.device) < eps
+        self.rollout_env_steps += b
+        return AlgStep(output=torch.where(explore, random_a, greedy), state=state, info={})
+
+    def train_step(self, experience: Experience, state=()) -> AlgStep:
+        """``experience``: batch-major ``[B, T]``."""
+        exp = experience
+        B, T = exp.step_type.shape[:2]
+        obs = exp.observation.flatten(0, 1)
+        q_all = self.q_network(obs).view(B, T, -1)
+        q = q_all.gather(-1, exp.action.unsqueeze(-1)).squeeze(-1)
+        with torch.no_grad():
+            q_target_all = self.target_q_network(obs).view(B, T, -1)
+            a_star = (q_all if self.double_q else q_target_all).argmax(-1, keepdim=True)
+            target_value = q_target_all.gather(-1, a_star).squeeze(-1)
+        return AlgStep(info={"exp": exp, "q": q, "target_value": target_value})
+
+    def calc_loss(self, info) -> LossInfo:
+        exp = info["exp"]
+        tm = lambda x: x.transpose(0, 1)  # noqa: E731  [B, T] -> [T, B]
+        li = self.td_loss(tm(exp.step_type), tm(exp.reward), tm(exp.discount), tm(info["q"]),
+                          tm(info["target_value"]))
+        T = exp.step_type.shape[1]
+        per_sample = li.loss.sum(0) / (T - 1)
+        td_error = li.extra["td_error"]
+        return LossInfo(loss=per_sample, priority=td_error[0].abs().detach(),
+                        extra={"loss/td": per_sample.detach(),
+                               "q/mean": info["q"].detach(),
+                               "epsilon": self.epsilon()})
+
+    def after_update(self, info=None) -> None:
+        if int(self.train_steps) % self.target_update_period == 0:
+            self._soft_update(self.target_q_network, self.q_network, self.target_update_tau)

@@ -1,0 +1,269 @@
+"""Networks with ALF's constructor names: encoders, actors, critics, Q and value networks.
+
+Inputs are ``[B, ...]`` (any leading batch dims are flattened and restored by the callers).
+Spaces are Gymnasium spaces: ``Box`` observations, ``Discrete`` or bounded ``Box`` actions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.distributions as td
+from torch import nn
+
+
+def _flat_dim(space: gym.spaces.Space) -> int:
+    return int(np.prod(space.shape))
+
+
+class EncodingNetwork(nn.Module):
+    """Optional conv stack (for ``[C, H, W]`` images) followed by fully connected layers.
+
+    input_shape: shape of one observation.
+    conv_layer_params: sequence of ``(filters, kernel_size, stride)``; None = no conv.
+    fc_layer_params: hidden sizes of the fully connected layers.
+    activation: activation class used after every layer.
+    """
+
+    def __init__(self, input_shape: Sequence[int], conv_layer_params=None,
+                 fc_layer_params: Sequence[int] = (256, 256), activation=nn.ReLU):
+        super().__init__()
+        layers: list[nn.Module] = []
+        if conv_layer_params:
+            c = input_shape[0]
+            for filters, kernel, stride in conv_layer_params:
+                layers += [nn.Conv2d(c, filters, kernel, stride), activation()]
+                c = filters
+            layers.append(nn.Flatten())
+            with torch.no_grad():
+                n = nn.Sequential(*layers)(torch.zeros(1, *input_shape)).shape[-1]
+        else:
+            layers.append(nn.Flatten())
+            n = int(np.prod(input_shape))
+        for size in fc_layer_params:
+            layers += [nn.Linear(n, size), activation()]
+            n = size
+        self.net = nn.Sequential(*layers)
+        self.output_size = n
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def _head(n_in: int, n_out: int, scale: float = 1.0) -> nn.Linear:
+    layer = nn.Linear(n_in, n_out)
+    if scale != 1.0:
+        with torch.no_grad():
+            layer.weight.mul_(scale)
+            layer.bias.zero_()
+    return layer
+
+
+class QNetwork(nn.Module):
+    """``Q(s, .)`` for a ``Discrete`` action space: ``[B, num_actions]``."""
+
+    def __init__(self, observation_space, action_space, fc_layer_params=(256, 256),
+                 conv_layer_params=None, activation=nn.ReLU):
+        super().__init__()
+        self.encoder = EncodingNetwork(observation_space.shape, conv_layer_params,
+                                       fc_layer_params, activation)
+        self.head = _head(self.encoder.output_size, int(action_space.n))
+
+    def forward(self, obs):
+        return self.head(self.encoder(obs))
+
+
+class ValueNetwork(nn.Module):
+    """``V(s)``: ``[B]``."""
+
+    def __init__(self, observation_space, fc_layer_params=(256, 256), conv_layer_params=None,
+                 activation=nn.ReLU):
+        super().__init__()
+        self.encoder = EncodingNetwork(observation_space.shape, conv_layer_params,
+                                       fc_layer_params, activation)
+        self.head = _head(self.encoder.output_size, 1)
+
+    def forward(self, obs):
+        return self.head(self.encoder(obs)).squeeze(-1)
+
+
+class CriticNetwork(nn.Module):
+    """``Q(s, a)`` for a continuous action: ``[B]``. Observation and action are concatenated
+    (ALF's ``joint_fc_layer_params``)."""
+
+    def __init__(self, observation_space, action_space, joint_fc_layer_params=(256, 256),
+                 activation=nn.ReLU):
+        super().__init__()
+        n_in = _flat_dim(observation_space) + _flat_dim(action_space)
+        self.encoder = EncodingNetwork((n_in,), None, joint_fc_layer_params, activation)
+        self.head = _head(self.encoder.output_size, 1)
+
+    def forward(self, obs, action):
+        x = torch.cat([obs.flatten(1), action.flatten(1)], -1)
+        return self.head(self.encoder(x)).squeeze(-1)
+
+
+class ParallelMLP(nn.Module):
+    """``num_replicas`` independent MLPs evaluated with one batched matmul per layer.
+
+    ``forward(x [N, in]) -> [N, R, out]``. With ``detach_params=True`` the output carries no
+    gradient to the weights (used for actor losses that must not train the critics).
+    """
+
+    def __init__(self, n_in: int, hidden: Sequence[int], n_out: int, num_replicas: int,
+                 activation=nn.ReLU):
+        super().__init__()
+        sizes = [n_in, *hidden, n_out]
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for a, b in zip(sizes[:-1], sizes[1:], strict=True):
+            bound = 1.0 / math.sqrt(a)  # nn.Linear's default initialization
+            self.weights.append(nn.Parameter(torch.empty(num_replicas, a, b).uniform_(-bound, bound)))
+            self.biases.append(nn.Parameter(torch.empty(num_replicas, 1, b).uniform_(-bound, bound)))
+        self.act = activation()
+        self.num_replicas = num_replicas
+
+    def forward(self, x: torch.Tensor, detach_params: bool = False) -> torch.Tensor:
+        h = x.unsqueeze(0).expand(self.num_replicas, *x.shape)
+        n = len(self.weights)
+        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            if detach_params:
+                w, b = w.detach(), b.detach()
+            h = torch.baddbmm(b, h, w)
+            if i < n - 1:
+                h = self.act(h)
+        return h.transpose(0, 1)
+
+
+class ParallelCriticNetwork(nn.Module):
+    """``num_replicas`` critics ``Q_i(s, a)`` in one module: ``forward(obs, action) -> [N, R]``."""
+
+    def __init__(self, observation_space, action_space, joint_fc_layer_params=(256, 256),
+                 num_replicas: int = 2, activation=nn.ReLU):
+        super().__init__()
+        n_in = _flat_dim(observation_space) + _flat_dim(action_space)
+        self.mlp = ParallelMLP(n_in, joint_fc_layer_params, 1, num_replicas, activation)
+
+    def forward(self, obs, action, detach_params: bool = False):
+        x = torch.cat([obs.flatten(1), action.flatten(1)], -1)
+        return self.mlp(x, detach_params).squeeze(-1)
+
+
+class ParallelQNetwork(nn.Module):
+    """``num_replicas`` Q networks for discrete actions: ``forward(obs) -> [N, R, A]``."""
+
+    def __init__(self, observation_space, action_space, fc_layer_params=(256, 256),
+                 num_replicas: int = 2, activation=nn.ReLU):
+        super().__init__()
+        self.mlp = ParallelMLP(_flat_dim(observation_space), fc_layer_params,
+                               int(action_space.n), num_replicas, activation)
+
+    def forward(self, obs, detach_params: bool = False):
+        return self.mlp(obs.flatten(1), detach_params)
+
+
+class _ActionScaler(nn.Module):
+    """Maps ``[-1, 1]`` to the bounds of a ``Box`` action space and back."""
+
+    def __init__(self, action_space: gym.spaces.Box):
+        super().__init__()
+        low = torch.as_tensor(action_space.low, dtype=torch.float32)
+        high = torch.as_tensor(action_space.high, dtype=torch.float32)
+        self.register_buffer("scale", (high - low) / 2)
+        self.register_buffer("bias", (high + low) / 2)
+
+    def forward(self, x):
+        return x * self.scale + self.bias
+
+
+class ActorNetwork(nn.Module):
+    """Deterministic actor ``mu(s)`` squashed by tanh into the action bounds (DDPG/TD3)."""
+
+    def __init__(self, observation_space, action_space, fc_layer_params=(256, 256),
+                 conv_layer_params=None, activation=nn.ReLU):
+        super().__init__()
+        self.encoder = EncodingNetwork(observation_space.shape, conv_layer_params,
+                                       fc_layer_params, activation)
+        self.head = _head(self.encoder.output_size, _flat_dim(action_space))
+        self.scaler = _ActionScaler(action_space)
+        self._shape = action_space.shape
+
+    def forward(self, obs):
+        a = torch.tanh(self.head(self.encoder(obs)))
+        return self.scaler(a).reshape(-1, *self._shape)
+
+
+class SquashedNormal(td.TransformedDistribution):
+    """``Normal(loc, scale)`` squashed by tanh and scaled into ``[low, high]`` (SAC's policy)."""
+
+    def __init__(self, loc, scale, action_scale, action_bias):
+        base = td.Independent(td.Normal(loc, scale), 1)
+        transforms = [td.TanhTransform(cache_size=1),
+                      td.AffineTransform(action_bias, action_scale, event_dim=1, cache_size=1)]
+        super().__init__(base, transforms, validate_args=False)
+
+    @property
+    def mode(self):
+        x = self.base_dist.mean
+        for t in self.transforms:
+            x = t(x)
+        return x
+
+
+class ActorDistributionNetwork(nn.Module):
+    """Stochastic actor ``pi(.|s)`` returning a ``torch.distributions.Distribution``.
+
+    ``Discrete`` actions: ``Categorical``. ``Box`` actions: ``continuous_projection`` is
+    ``"tanh_normal"`` (state-dependent std, squashed into the bounds; SAC) or ``"normal"``
+    (state-independent log-std parameter; PPO/A2C; samples are clipped to the bounds by the
+    algorithm, not here).
+    """
+
+    def __init__(self, observation_space, action_space, fc_layer_params=(256, 256),
+                 conv_layer_params=None, activation=nn.ReLU,
+                 continuous_projection: str = "tanh_normal", init_std: float = 1.0,
+                 log_std_bounds=(-5.0, 2.0), last_layer_scale: float = 1.0):
+        super().__init__()
+        self.encoder = EncodingNetwork(observation_space.shape, conv_layer_params,
+                                       fc_layer_params, activation)
+        n = self.encoder.output_size
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        self.projection = continuous_projection
+        self.log_std_bounds = log_std_bounds
+        if self.discrete:
+            self.head = _head(n, int(action_space.n), last_layer_scale)
+        else:
+            dim = _flat_dim(action_space)
+            self.scaler = _ActionScaler(action_space)
+            if continuous_projection == "tanh_normal":
+                self.head = _head(n, 2 * dim, last_layer_scale)
+            elif continuous_projection == "normal":
+                self.head = _head(n, dim, last_layer_scale)
+                self.log_std = nn.Parameter(torch.full((dim,), math.log(init_std)))
+            else:
+                raise ValueError(f"unknown continuous_projection {continuous_projection!r}")
+
+    def forward(self, obs) -> td.Distribution:
+        h = self.head(self.encoder(obs))
+        if self.discrete:
+            return td.Categorical(logits=h)
+        if self.projection == "tanh_normal":
+            mean, log_std = h.chunk(2, -1)
+            lo, hi = self.log_std_bounds
+            log_std = lo + 0.5 * (hi - lo) * (torch.tanh(log_std) + 1)
+            return SquashedNormal(mean, log_std.exp(), self.scaler.scale, self.scaler.bias)
+        mean = h
+        return td.Independent(td.Normal(mean, self.log_std.exp().expand_as(mean)), 1)
+
+
+def distribution_mode(dist: td.Distribution) -> torch.Tensor:
+    """Greedy action of a distribution (argmax for categorical, mean/squashed mean else)."""
+    if isinstance(dist, td.Categorical):
+        return dist.probs.argmax(-1)
+    if isinstance(dist, SquashedNormal):
+        return dist.mode
+    return dist.mean

@@ -1,0 +1,60 @@
+"""Reference tasks: hyperparameters, env-step budget and threshold for each (algorithm, env).
+
+Used by the learning tests and ``bench/learning.py`` (which gives Stable-Baselines3 the same
+numbers). ``algorithm`` holds ``make`` keyword arguments, ``trainer`` holds ``TrainerConfig``
+fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One reference task.
+
+    algo: registry name.
+    env_id: Gymnasium id.
+    budget: env-step budget of the issue.
+    threshold: mean greedy return over 10 episodes to reach within the budget.
+    algorithm: algorithm hyperparameters.
+    trainer: ``TrainerConfig`` fields.
+    seed: representative seed for the CI run.
+    """
+
+    algo: str
+    env_id: str
+    budget: int
+    threshold: float
+    algorithm: dict = field(default_factory=dict)
+    trainer: dict = field(default_factory=dict)
+    seed: int = 0
+
+
+PRESETS: dict[str, Preset] = {
+    "dqn-CartPole-v1": Preset(
+        "dqn", "CartPole-v1", 50_000, 475.0,
+        algorithm=dict(fc_layer_params=(256, 256), learning_rate=2.3e-3, gamma=0.99, n_step=1,
+                       target_update_period=128, rollout_epsilon_greedy=0.04,
+                       epsilon_decay_steps=8000, td_error_loss_fn="huber"),
+        trainer=dict(num_envs=4, unroll_length=64, initial_collect_steps=1000,
+                     num_updates_per_train_iter=128, mini_batch_size=64,
+                     replay_buffer_length=25_000, eval_interval=2500)),
+    "sac-Pendulum-v1": Preset(
+        "sac", "Pendulum-v1", 20_000, -200.0,
+        algorithm=dict(actor_fc_layer_params=(256, 256), critic_fc_layer_params=(256, 256),
+                       actor_learning_rate=1e-3, critic_learning_rate=1e-3,
+                       alpha_learning_rate=1e-3, gamma=0.99, target_update_tau=0.005,
+                       initial_random_steps=1000),
+        trainer=dict(num_envs=1, unroll_length=1, initial_collect_steps=1000,
+                     num_updates_per_train_iter=1, mini_batch_size=256,
+                     replay_buffer_length=20_000, eval_interval=1000)),
+}
+
+
+def get_preset(algo: str, env_id: str) -> Preset:
+    key = f"{algo}-{env_id}"
+    if key not in PRESETS:
+        raise KeyError(f"no preset for {key}; known: {sorted(PRESETS)}")
+    return PRESETS[key]

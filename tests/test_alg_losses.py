@@ -1,0 +1,146 @@
+"""Losses against hand-computed numbers."""
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from algorithms.data import Experience, StepType
+from algorithms.dqn import DqnAlgorithm
+from algorithms.losses import (
+    ActorCriticLoss,
+    OneStepTDLoss,
+    PPOLoss,
+    TDLoss,
+    alpha_loss,
+    element_wise_huber_loss,
+    element_wise_squared_loss,
+    importance_weighted_mean,
+)
+
+F, M, L = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
+
+
+def col(x, dtype=torch.float32):
+    return torch.tensor(x, dtype=dtype).unsqueeze(1)
+
+
+def test_element_wise_losses():
+    x, y = torch.tensor([0.0, 0.5, -3.0]), torch.zeros(3)
+    torch.testing.assert_close(element_wise_squared_loss(x, y), torch.tensor([0.0, 0.25, 9.0]))
+    torch.testing.assert_close(element_wise_huber_loss(x, y), torch.tensor([0.0, 0.125, 2.5]))
+
+
+def test_one_step_td_loss_masks_last_and_pads():
+    # targets: 1 + .5*20 = 11; 2 + .5*0*30 = 2 (termination); row 2 LAST -> masked
+    st = col([F, M, L, F], torch.int64)
+    li = OneStepTDLoss(gamma=0.5)(st, col([0, 1, 2, 0]), col([1, 1, 0, 1]),
+                                  value=col([12, 4, 5, 6]), target_value=col([10, 20, 30, 40]))
+    torch.testing.assert_close(li.loss, col([1.0, 4.0, 0.0, 0.0]))
+    torch.testing.assert_close(li.extra["td_error"], col([-1.0, -2.0, 0.0]))
+
+
+def test_td_lambda_loss_truncation():
+    # λ = 1 with truncation at row 2: G1 = 2 + .5*30 = 17, G0 = 1 + .5*17 = 9.5
+    st = col([F, M, L, F], torch.int64)
+    li = TDLoss(gamma=0.5, td_lambda=1.0)(st, col([0, 1, 2, 0]), col([1, 1, 1, 1]),
+                                          value=col([9.5, 16, 0, 0]),
+                                          target_value=col([10, 20, 30, 40]))
+    torch.testing.assert_close(li.loss, col([0.0, 1.0, 0.0, 0.0]))
+
+
+def test_actor_critic_loss():
+    # returns (λ = 1): G1 = 2 + .5*4 = 4, G0 = 1 + .5*4 = 3; adv = [2, 2]
+    # loss = -adv*logp + (G - V)^2 - 0.1*H = [2 + 4 - .05, 4 + 4 - .05]
+    st = col([F, M, M], torch.int64)
+    loss = ActorCriticLoss(gamma=0.5, entropy_regularization=0.1)(
+        st, col([0, 1, 2]), col([1, 1, 1]), value=col([1, 2, 4]),
+        log_prob=col([-1, -2, -3]), entropy=col([0.5, 0.5, 0.5]))
+    torch.testing.assert_close(loss.loss, col([5.95, 7.95, 0.0]))
+    # advantage clipping to [-1, 1]: pg = [1, 2]
+    clipped = ActorCriticLoss(gamma=0.5, advantage_clip=1.0)(
+        st, col([0, 1, 2]), col([1, 1, 1]), value=col([1, 2, 4]),
+        log_prob=col([-1, -2, -3]), entropy=col([0.5, 0.5, 0.5]))
+    torch.testing.assert_close(clipped.extra["pg_loss"], col([1.0, 2.0]))
+
+
+def test_actor_critic_loss_episode_end_gae():
+    # termination at row 1: δ0 = 1 + .5*0*2 - 1 = 0 (row 1 LAST masked) -> adv = [0, 0]
+    st = col([F, L, F], torch.int64)
+    li = ActorCriticLoss(gamma=0.5, use_gae=True, td_lambda=0.5)(
+        st, col([0, 1, 0]), col([1, 0, 1]), value=col([1, 2, 4]),
+        log_prob=col([-1, -2, -3]), entropy=col([0.5, 0.5, 0.5]))
+    torch.testing.assert_close(li.extra["advantages"], col([0.0, 0.0]))
+    torch.testing.assert_close(li.loss, col([0.0, 0.0, 0.0]))
+
+
+def test_ppo_loss_clipping():
+    lp = torch.tensor([0.0, math.log(2.0), math.log(2.0)])
+    old = torch.zeros(3)
+    adv = torch.tensor([1.0, 1.0, -1.0])
+    ret, val, ent = torch.tensor([1.0, 2.0, 0.0]), torch.zeros(3), torch.full((3,), 0.3)
+    li = PPOLoss(importance_ratio_clipping=0.2, normalize_advantages=False,
+                 entropy_regularization=0.1, td_loss_weight=0.5)(lp, old, adv, ret, val, ent)
+    # ratios [1, 2, 2]: pg = [-1, -min(2, 1.2), -min(-2, -1.2)] = [-1, -1.2, 2]
+    torch.testing.assert_close(li.extra["pg_loss"], torch.tensor([-1.0, -1.2, 2.0]))
+    torch.testing.assert_close(li.loss, torch.tensor([-1 + 0.5 - 0.03, -1.2 + 2 - 0.03, 2 - 0.03]))
+    torch.testing.assert_close(li.extra["clip_fraction"], torch.tensor(2 / 3))
+    # log-prob clipping to (-0.5, 0.5): ratio = e^0.5 for the last two samples
+    li = PPOLoss(normalize_advantages=False, log_prob_clipping=0.5)(lp, old, adv, ret, val, ent)
+    torch.testing.assert_close(li.extra["pg_loss"][2], torch.tensor(math.exp(0.5)))
+
+
+def test_alpha_loss_gradient():
+    log_alpha = torch.tensor(0.5, requires_grad=True)
+    loss = alpha_loss(log_alpha, torch.tensor(1.0), target_entropy=-1.0)
+    loss.backward()
+    assert float(loss.detach()) == pytest.approx(1.0)
+    assert float(log_alpha.grad) == pytest.approx(2.0)  # entropy above target: shrink alpha
+
+
+def test_importance_weighted_mean():
+    loss = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    assert float(importance_weighted_mean(loss, None)) == pytest.approx(2.5)
+    w = torch.tensor([1.0, 0.5, 0.0, 0.25])
+    assert float(importance_weighted_mean(loss, w)) == pytest.approx((1 + 1 + 0 + 1) / 4)
+
+
+# --- DQN n-step loss through the algorithm, with Q fixed to Q(s, .) = [1, 2] --------------------
+
+def _constant_dqn():
+    obs_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    alg = DqnAlgorithm(obs_space, gym.spaces.Discrete(2), fc_layer_params=(4,), gamma=0.5,
+                       n_step=3, td_error_loss_fn="squared")
+    for net in (alg.q_network, alg.target_q_network):
+        with torch.no_grad():
+            for p in net.parameters():
+                p.zero_()
+            net.head.bias.copy_(torch.tensor([1.0, 2.0]))
+    return alg
+
+
+DQN_CASES = [
+    # name, step types, rewards, discounts, per-sample loss, priority. Q(s, a=0) = 1, V = 2.
+    # all MID: G2 = 3 + .5*2 = 4, G1 = 2 + .5*4 = 4, G0 = 1 + .5*4 = 3 -> errors [2, 3, 3]
+    ("n_step_full", [M, M, M, M], [0, 1, 2, 3], [1, 1, 1, 1], (4 + 9 + 9) / 3, 2.0),
+    # termination at row 2: G1 = 2, G0 = 1 + .5*2 = 2, row 2 masked -> errors [1, 1, 0]
+    ("termination_in_window", [M, M, L, F], [0, 1, 2, 0], [1, 1, 0, 1], 2 / 3, 1.0),
+    # truncation at row 2: G1 = 2 + .5*2 = 3, G0 = 1 + .5*3 = 2.5 -> errors [1.5, 2, 0]
+    ("truncation_in_window", [M, M, L, F], [0, 1, 2, 0], [1, 1, 1, 1], (2.25 + 4) / 3, 1.5),
+    # window starts on LAST: row 0 masked; G2 = 2 + 1 = 3, G1 = 1 + 1.5 = 2.5
+    ("starts_on_last", [L, F, M, M], [5, 0, 1, 2], [0, 1, 1, 1], (2.25 + 4) / 3, 0.0),
+]
+
+
+@pytest.mark.parametrize("name,st,r,d,loss,prio", DQN_CASES, ids=[c[0] for c in DQN_CASES])
+def test_dqn_n_step_loss(name, st, r, d, loss, prio):
+    alg = _constant_dqn()
+    exp = Experience(step_type=np.array([st]), reward=np.array([r], np.float32),
+                     discount=np.array([d], np.float32),
+                     observation=np.zeros((1, 4, 2), np.float32), prev_action=(), env_id=(),
+                     action=np.zeros((1, 4), np.int64), rollout_info={})
+    li = alg.calc_loss(alg.train_step(alg._experience(exp)).info)
+    torch.testing.assert_close(li.loss, torch.tensor([loss]))
+    torch.testing.assert_close(li.priority, torch.tensor([prio]))
