@@ -50,6 +50,38 @@ PRESETS: dict[str, Preset] = {
         trainer=dict(num_envs=1, unroll_length=1, initial_collect_steps=1000,
                      num_updates_per_train_iter=1, mini_batch_size=256,
                      replay_buffer_length=20_000, eval_interval=1000)),
+    "td3-Pendulum-v1": Preset(
+        "td3", "Pendulum-v1", 20_000, -200.0,
+        algorithm=dict(actor_fc_layer_params=(256, 256), critic_fc_layer_params=(256, 256),
+                       actor_learning_rate=1e-3, critic_learning_rate=1e-3, gamma=0.98,
+                       exploration_noise="gaussian", ou_stddev=0.1, target_update_tau=0.005,
+                       initial_random_steps=1000),
+        trainer=dict(num_envs=1, unroll_length=1, initial_collect_steps=1000,
+                     num_updates_per_train_iter=1, mini_batch_size=256,
+                     replay_buffer_length=20_000, eval_interval=1000)),
+    "ddpg-Pendulum-v1": Preset(
+        "ddpg", "Pendulum-v1", 30_000, -250.0,
+        algorithm=dict(actor_fc_layer_params=(256, 256), critic_fc_layer_params=(256, 256),
+                       actor_learning_rate=1e-3, critic_learning_rate=1e-3, gamma=0.98,
+                       exploration_noise="ou", ou_stddev=0.1, ou_damping=0.15,
+                       target_update_tau=0.005, initial_random_steps=1000),
+        trainer=dict(num_envs=1, unroll_length=1, initial_collect_steps=1000,
+                     num_updates_per_train_iter=1, mini_batch_size=256,
+                     replay_buffer_length=30_000, eval_interval=1000)),
+    "ppo-CartPole-v1": Preset(
+        "ppo", "CartPole-v1", 100_000, 475.0,
+        algorithm=dict(actor_fc_layer_params=(64, 64), value_fc_layer_params=(64, 64),
+                       learning_rate=1e-3, gamma=0.98, td_lambda=0.8,
+                       importance_ratio_clipping=0.2, entropy_regularization=0.0,
+                       td_loss_weight=0.5, num_epochs=20, mini_batch_size=256),
+        trainer=dict(num_envs=8, unroll_length=32, eval_interval=5000)),
+    "a2c-CartPole-v1": Preset(
+        "a2c", "CartPole-v1", 300_000, 450.0,
+        algorithm=dict(actor_fc_layer_params=(64, 64), value_fc_layer_params=(64, 64),
+                       learning_rate=1e-3, gamma=0.99, use_gae=True, td_lambda=0.95,
+                       entropy_regularization=0.0, td_loss_weight=0.5,
+                       normalize_advantages=True),
+        trainer=dict(num_envs=8, unroll_length=8, eval_interval=10_000)),
 }
 
 

@@ -1,0 +1,92 @@
+"""Advantage actor-critic (A2C; Mnih et al. 2016, synchronous).
+
+``train_on`` takes a time-major on-policy unroll ``[T, B]``; the last row only bootstraps.
+One gradient step per unroll on::
+
+    A    = discounted_return - V(s)          (or GAE with use_gae)
+    loss = -A * log pi(a|s) + td_loss_weight * (return - V(s))^2 - entropy_regularization * H
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from algorithms.base import RLAlgorithm
+from algorithms.data import AlgStep, Experience, LossInfo, TimeStep
+from algorithms.losses import ActorCriticLoss
+from algorithms.networks import ActorDistributionNetwork, ValueNetwork, distribution_mode
+
+
+class ActorCriticAlgorithm(RLAlgorithm):
+    """A2C for discrete or continuous actions.
+
+    actor_fc_layer_params: hidden sizes of the actor.
+    value_fc_layer_params: hidden sizes of the value network.
+    learning_rate: Adam learning rate.
+    gamma: discount factor.
+    use_gae: GAE advantages instead of ``return - value``.
+    td_lambda: λ of GAE.
+    use_td_lambda_return: with GAE, train the value on the λ-return.
+    normalize_advantages: normalize advantages over the unroll.
+    advantage_clip: clip advantages to ``[-x, x]`` if set.
+    entropy_regularization: entropy coefficient.
+    td_loss_weight: value-loss coefficient.
+    max_grad_norm: gradient clipping norm (None = off).
+    init_std: initial std of the Gaussian policy (continuous actions).
+    """
+
+    on_policy = True
+    _policy_modules = ("actor_network",)
+
+    def __init__(self, observation_space, action_space, *, actor_fc_layer_params=(64, 64),
+                 value_fc_layer_params=(64, 64), learning_rate: float = 7e-4,
+                 gamma: float = 0.99, use_gae: bool = False, td_lambda: float = 0.95,
+                 use_td_lambda_return: bool = True, normalize_advantages: bool = False,
+                 advantage_clip: float | None = None, entropy_regularization: float = 0.0,
+                 td_loss_weight: float = 0.5, max_grad_norm: float | None = 0.5,
+                 init_std: float = 1.0, device="cpu"):
+        super().__init__(observation_space, action_space, device, max_grad_norm)
+        self.actor_network = ActorDistributionNetwork(
+            observation_space, action_space, actor_fc_layer_params, activation=nn.Tanh,
+            continuous_projection="normal", init_std=init_std, last_layer_scale=0.01)
+        self.value_network = ValueNetwork(observation_space, value_fc_layer_params,
+                                          activation=nn.Tanh)
+        self.loss = ActorCriticLoss(gamma=gamma, use_gae=use_gae, td_lambda=td_lambda,
+                                    use_td_lambda_return=use_td_lambda_return,
+                                    normalize_advantages=normalize_advantages,
+                                    advantage_clip=advantage_clip,
+                                    entropy_regularization=entropy_regularization,
+                                    td_loss_weight=td_loss_weight)
+        self.to(self.device)
+        self._add_optimizer("ac", self.parameters(), learning_rate)
+
+    @torch.no_grad()
+    def predict_step(self, time_step: TimeStep, state=()) -> AlgStep:
+        dist = self.actor_network(self._obs(time_step.observation))
+        return AlgStep(output=distribution_mode(dist), state=state, info={})
+
+    @torch.no_grad()
+    def rollout_step(self, time_step: TimeStep, state=()) -> AlgStep:
+        obs = self._obs(time_step.observation)
+        self.rollout_env_steps += obs.shape[0]
+        return AlgStep(output=self.actor_network(obs).sample(), state=state, info={})
+
+    def train_step(self, experience: Experience, state=()) -> AlgStep:
+        """``experience``: time-major unroll ``[T, B]``."""
+        exp = experience
+        T, B = exp.step_type.shape[:2]
+        obs = exp.observation.flatten(0, 1)
+        dist = self.actor_network(obs)
+        action = exp.action.flatten(0, 1)
+        return AlgStep(info={
+            "exp": exp, "value": self.value_network(obs).view(T, B),
+            "log_prob": dist.log_prob(action).view(T, B), "entropy": dist.entropy().view(T, B)})
+
+    def calc_loss(self, info) -> LossInfo:
+        exp = info["exp"]
+        li = self.loss(exp.step_type, exp.reward, exp.discount, info["value"], info["log_prob"],
+                       info["entropy"])
+        rename = {"pg_loss": "loss/pg", "td_loss": "loss/td"}
+        extra = {rename.get(k, k): v for k, v in li.extra.items()}
+        return li._replace(extra=extra)

@@ -1,0 +1,191 @@
+"""DDPG (Lillicrap et al. 2015) and, with its options, TD3 (Fujimoto et al. 2018).
+
+TD3 = ``num_critic_replicas=2`` (clipped double Q), ``target_policy_noise`` (target policy
+smoothing) and ``actor_update_period=2`` (delayed actor and target updates); ``make("td3")``
+sets them. Training batches are batch-major ``[B, T]`` windows (default ``T = 2``)::
+
+    a'        = clip(mu_target(s') + clip(N(0, sigma), -c, c))      (sigma = 0 for DDPG)
+    td_target = r + gamma * d * min_i Q_target_i(s', a')
+    actor     = -Q_1(s, mu(s))            (critic parameters held fixed)
+
+Noise scales are fractions of the action half-range (the policy acts in ``[-1, 1]``).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from algorithms.base import RLAlgorithm
+from algorithms.data import AlgStep, Experience, LossInfo, StepType, TimeStep
+from algorithms.losses import TDLoss
+from algorithms.networks import ActorNetwork, ParallelCriticNetwork
+
+
+class DdpgAlgorithm(RLAlgorithm):
+    """DDPG / TD3 for a bounded ``Box`` action space.
+
+    actor_fc_layer_params: hidden sizes of the actor.
+    critic_fc_layer_params: hidden sizes of each critic.
+    actor_learning_rate: Adam learning rate of the actor.
+    critic_learning_rate: Adam learning rate of the critics.
+    gamma: discount factor.
+    mini_batch_length: replay window length T (2 = one-step targets).
+    td_lambda: λ of the critic target when ``mini_batch_length > 2``.
+    td_error_loss_fn: ``"squared"`` or ``"huber"``.
+    num_critic_replicas: number of critics; targets take their minimum (2 for TD3).
+    exploration_noise: ``"ou"`` (Ornstein-Uhlenbeck) or ``"gaussian"``.
+    ou_stddev: stddev of the exploration noise.
+    ou_damping: damping of the OU process.
+    rollout_random_action: probability of a uniformly random rollout action.
+    target_policy_noise: stddev of the target policy smoothing noise (TD3; 0 = off).
+    target_policy_noise_clip: clip of the smoothing noise.
+    actor_update_period: update the actor and targets every this many critic updates.
+    target_update_tau: soft-update factor of the targets.
+    target_update_period: soft-update every this many actor updates.
+    dqda_clipping: clip dQ/da element-wise in the actor loss (None = off).
+    action_l2: weight of the squared action norm in the actor loss.
+    initial_random_steps: rollout env steps with uniformly random actions.
+    max_grad_norm: gradient clipping norm (None = off).
+    """
+
+    on_policy = False
+    _policy_modules = ("actor_network",)
+
+    def __init__(self, observation_space, action_space, *, actor_fc_layer_params=(256, 256),
+                 critic_fc_layer_params=(256, 256), actor_learning_rate: float = 1e-3,
+                 critic_learning_rate: float = 1e-3, gamma: float = 0.99,
+                 mini_batch_length: int = 2, td_lambda: float = 0.95,
+                 td_error_loss_fn: str = "squared", num_critic_replicas: int = 1,
+                 exploration_noise: str = "ou", ou_stddev: float = 0.2, ou_damping: float = 0.15,
+                 rollout_random_action: float = 0.0, target_policy_noise: float = 0.0,
+                 target_policy_noise_clip: float = 0.5, actor_update_period: int = 1,
+                 target_update_tau: float = 0.005, target_update_period: int = 1,
+                 dqda_clipping: float | None = None, action_l2: float = 0.0,
+                 initial_random_steps: int = 0, max_grad_norm: float | None = None,
+                 device="cpu"):
+        super().__init__(observation_space, action_space, device, max_grad_norm)
+        assert not self.discrete, "DdpgAlgorithm needs a Box action space"
+        assert exploration_noise in ("ou", "gaussian"), exploration_noise
+        self.actor_network = ActorNetwork(observation_space, action_space, actor_fc_layer_params)
+        self.critic_networks = ParallelCriticNetwork(observation_space, action_space,
+                                                     critic_fc_layer_params, num_critic_replicas)
+        self.target_actor_network = copy.deepcopy(self.actor_network).requires_grad_(False)
+        self.target_critic_networks = copy.deepcopy(self.critic_networks).requires_grad_(False)
+        self.mini_batch_length = mini_batch_length
+        self.td_loss = TDLoss(gamma=gamma, td_error_loss_fn=td_error_loss_fn,
+                              td_lambda=td_lambda if mini_batch_length > 2 else 0.0)
+        self.exploration_noise, self.ou_stddev, self.ou_damping = (
+            exploration_noise, ou_stddev, ou_damping)
+        self.rollout_random_action = rollout_random_action
+        self.target_policy_noise = target_policy_noise
+        self.target_policy_noise_clip = target_policy_noise_clip
+        self.actor_update_period = actor_update_period
+        self.target_update_tau = target_update_tau
+        self.target_update_period = target_update_period
+        self.dqda_clipping = dqda_clipping
+        self.action_l2 = action_l2
+        self.initial_random_steps = initial_random_steps
+        self._ou_state: torch.Tensor | None = None
+        self.to(self.device)
+        self._add_optimizer("actor", self.actor_network.parameters(), actor_learning_rate)
+        self._add_optimizer("critic", self.critic_networks.parameters(), critic_learning_rate)
+
+    def _normalize(self, a):
+        return (a - self.actor_network.scaler.bias) / self.actor_network.scaler.scale
+
+    def _denormalize(self, a):
+        return self.actor_network.scaler(a)
+
+    @torch.no_grad()
+    def predict_step(self, time_step: TimeStep, state=()) -> AlgStep:
+        return AlgStep(output=self.actor_network(self._obs(time_step.observation)), state=state,
+                       info={})
+
+    @torch.no_grad()
+    def rollout_step(self, time_step: TimeStep, state=()) -> AlgStep:
+        obs = self._obs(time_step.observation)
+        b = obs.shape[0]
+        a = self._normalize(self.actor_network(obs))
+        if self.exploration_noise == "ou":
+            if self._ou_state is None or self._ou_state.shape != a.shape:
+                self._ou_state = torch.zeros_like(a)
+            first = torch.as_tensor(np.asarray(time_step.step_type) == StepType.FIRST,
+                                    device=self.device)
+            self._ou_state[first] = 0.0
+            self._ou_state += (-self.ou_damping * self._ou_state
+                               + self.ou_stddev * torch.randn_like(a))
+            noise = self._ou_state
+        else:
+            noise = self.ou_stddev * torch.randn_like(a)
+        a = (a + noise).clamp(-1.0, 1.0)
+        p_random = 1.0 if int(self.rollout_env_steps) < self.initial_random_steps \
+            else self.rollout_random_action
+        if p_random > 0:
+            rand = torch.rand(b, device=self.device) < p_random
+            a = torch.where(rand[:, None], torch.rand_like(a) * 2 - 1, a)
+        self.rollout_env_steps += b
+        return AlgStep(output=self._denormalize(a), state=state, info={})
+
+    def _actor_turn(self) -> bool:
+        return int(self.train_steps) % self.actor_update_period == 0
+
+    def train_step(self, experience: Experience, state=()) -> AlgStep:
+        """``experience``: batch-major ``[B, T]``; rows ``0..T-2`` are trained on."""
+        exp = experience
+        B, T = exp.step_type.shape[:2]
+        obs_cur = exp.observation[:, :-1].flatten(0, 1)
+        obs_next = exp.observation[:, 1:].flatten(0, 1)
+        q = self.critic_networks(obs_cur, exp.action[:, :-1].flatten(0, 1))          # [N, R]
+        with torch.no_grad():
+            a_next = self._normalize(self.target_actor_network(obs_next))
+            if self.target_policy_noise > 0:
+                c = self.target_policy_noise_clip
+                a_next = a_next + (self.target_policy_noise * torch.randn_like(a_next)).clamp(-c, c)
+            a_next = self._denormalize(a_next.clamp(-1.0, 1.0))
+            target_value = self.target_critic_networks(obs_next, a_next).min(1).values  # [N]
+        actor_loss = torch.zeros(B, T - 1, device=self.device)
+        if self._actor_turn():
+            a_pi = self.actor_network(obs_cur)
+            if self.dqda_clipping:
+                c = self.dqda_clipping
+                a_pi.register_hook(lambda g: g.clamp(-c, c))
+            # Critic weights are detached so the actor loss only trains the actor.
+            q_pi = self.critic_networks(obs_cur, a_pi, detach_params=True)[:, 0]
+            loss = -q_pi
+            if self.action_l2:
+                loss = loss + self.action_l2 * (self._normalize(a_pi) ** 2).sum(-1)
+            actor_loss = loss.view(B, T - 1)
+        R = q.shape[1]
+        pad = lambda x: torch.cat([x, torch.zeros_like(x[:, :1])], 1)  # noqa: E731
+        tv = target_value.view(B, T - 1)
+        return AlgStep(info={"exp": exp, "q": pad(q.view(B, T - 1, R)),
+                             "target_value": torch.cat([torch.zeros_like(tv[:, :1]), tv], 1),
+                             "actor_loss": actor_loss})
+
+    def calc_loss(self, info) -> LossInfo:
+        exp, q = info["exp"], info["q"]
+        tm = lambda x: x.transpose(0, 1)  # noqa: E731
+        target_value = info["target_value"].unsqueeze(-1).expand_as(q)
+        li = self.td_loss(tm(exp.step_type), tm(exp.reward), tm(exp.discount), tm(q),
+                          tm(target_value))
+        T = q.shape[1]
+        critic_loss = li.loss.sum(0).sum(-1) / (T - 1)
+        actor_loss = info["actor_loss"].mean(1)
+        return LossInfo(loss=critic_loss + actor_loss,
+                        priority=li.extra["td_error"][0].abs().mean(-1).detach(),
+                        extra={"loss/critic": critic_loss.detach(),
+                               "loss/actor": actor_loss.detach(), "q/mean": q.detach()})
+
+    def after_update(self, info=None) -> None:
+        # train_steps was incremented by update_with_gradient: the step that just ran was an
+        # actor step iff (train_steps - 1) % actor_update_period == 0.
+        n = int(self.train_steps) - 1
+        if n % self.actor_update_period == 0 and \
+                (n // self.actor_update_period) % self.target_update_period == 0:
+            self._soft_update(self.target_actor_network, self.actor_network,
+                              self.target_update_tau)
+            self._soft_update(self.target_critic_networks, self.critic_networks,
+                              self.target_update_tau)

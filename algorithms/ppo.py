@@ -1,0 +1,130 @@
+"""Proximal Policy Optimization (Schulman et al. 2017), clipped surrogate objective.
+
+``train_on`` takes a time-major on-policy unroll ``[T, B]`` whose ``rollout_info`` holds the
+rollout ``log_prob`` and ``value``. Advantages (GAE) and returns are computed once from the
+rollout values (ALF's ``PPOAlgorithm.preprocess``); the last row only bootstraps. Then
+``num_epochs`` passes of shuffled mini-batches minimize::
+
+    ratio   = exp(log pi(a|s) - log pi_old(a|s))
+    L_CLIP  = -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)
+    loss    = L_CLIP + td_loss_weight * (returns - V(s))^2 - entropy_regularization * H
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from algorithms.base import RLAlgorithm, _scalars
+from algorithms.data import AlgStep, Experience, LossInfo, TimeStep, TrainResult
+from algorithms.losses import PPOLoss, advantages_and_returns
+from algorithms.networks import ActorDistributionNetwork, ValueNetwork, distribution_mode
+from algorithms.value_ops import valid_mask
+
+_RENAME = {"pg_loss": "loss/pg", "td_loss": "loss/td"}
+
+
+class PPOAlgorithm(RLAlgorithm):
+    """PPO for discrete or continuous actions.
+
+    actor_fc_layer_params: hidden sizes of the actor.
+    value_fc_layer_params: hidden sizes of the value network.
+    learning_rate: Adam learning rate (one optimizer for actor and value).
+    gamma: discount factor.
+    td_lambda: λ of GAE.
+    importance_ratio_clipping: epsilon of the clipped objective.
+    log_prob_clipping: if > 0, clip log-probs to ``(-c, c)`` in the ratio.
+    normalize_advantages: normalize advantages per mini-batch.
+    advantage_clip: clip advantages to ``[-x, x]`` if set.
+    entropy_regularization: entropy coefficient.
+    td_loss_weight: value-loss coefficient.
+    num_epochs: passes over each unroll (ALF's ``num_updates_per_train_iter``).
+    mini_batch_size: samples per gradient step.
+    max_grad_norm: gradient clipping norm (None = off).
+    init_std: initial std of the Gaussian policy (continuous actions).
+    """
+
+    on_policy = True
+    _policy_modules = ("actor_network", "value_network")
+
+    def __init__(self, observation_space, action_space, *, actor_fc_layer_params=(64, 64),
+                 value_fc_layer_params=(64, 64), learning_rate: float = 3e-4,
+                 gamma: float = 0.99, td_lambda: float = 0.95,
+                 importance_ratio_clipping: float = 0.2, log_prob_clipping: float = 0.0,
+                 normalize_advantages: bool = True, advantage_clip: float | None = None,
+                 entropy_regularization: float = 0.0, td_loss_weight: float = 0.5,
+                 num_epochs: int = 4, mini_batch_size: int = 64,
+                 max_grad_norm: float | None = 0.5, init_std: float = 1.0, device="cpu"):
+        super().__init__(observation_space, action_space, device, max_grad_norm)
+        self.actor_network = ActorDistributionNetwork(
+            observation_space, action_space, actor_fc_layer_params, activation=nn.Tanh,
+            continuous_projection="normal", init_std=init_std, last_layer_scale=0.01)
+        self.value_network = ValueNetwork(observation_space, value_fc_layer_params,
+                                          activation=nn.Tanh)
+        self.gamma, self.td_lambda = gamma, td_lambda
+        self.loss = PPOLoss(importance_ratio_clipping=importance_ratio_clipping,
+                            log_prob_clipping=log_prob_clipping,
+                            normalize_advantages=normalize_advantages,
+                            advantage_clip=advantage_clip,
+                            entropy_regularization=entropy_regularization,
+                            td_loss_weight=td_loss_weight)
+        self.num_epochs, self.mini_batch_size = num_epochs, mini_batch_size
+        self.to(self.device)
+        self._add_optimizer("ac", self.parameters(), learning_rate, eps=1e-5)
+
+    @torch.no_grad()
+    def predict_step(self, time_step: TimeStep, state=()) -> AlgStep:
+        dist = self.actor_network(self._obs(time_step.observation))
+        return AlgStep(output=distribution_mode(dist), state=state, info={})
+
+    @torch.no_grad()
+    def rollout_step(self, time_step: TimeStep, state=()) -> AlgStep:
+        obs = self._obs(time_step.observation)
+        dist = self.actor_network(obs)
+        action = dist.sample()
+        self.rollout_env_steps += obs.shape[0]
+        return AlgStep(output=action, state=state,
+                       info={"log_prob": dist.log_prob(action), "value": self.value_network(obs)})
+
+    def train_step(self, experience: Experience, state=()) -> AlgStep:
+        """A flat mini-batch ``[N]`` of ``observation``, ``action`` and ``rollout_info``
+        (``log_prob``, ``advantages``, ``returns``)."""
+        exp = experience
+        dist = self.actor_network(exp.observation)
+        return AlgStep(info={
+            "log_prob": dist.log_prob(exp.action), "entropy": dist.entropy(),
+            "value": self.value_network(exp.observation), "rollout": exp.rollout_info})
+
+    def calc_loss(self, info) -> LossInfo:
+        r = info["rollout"]
+        return self.loss(info["log_prob"], r["log_prob"], r["advantages"], r["returns"],
+                         info["value"], info["entropy"])
+
+    def train_on(self, experience: Experience, importance_weights=None) -> TrainResult:
+        """``experience``: time-major unroll ``[T, B]``; trains on rows ``0..T-2``."""
+        exp = self._experience(experience)
+        info = exp.rollout_info
+        adv, ret = advantages_and_returns(exp.step_type, exp.reward, exp.discount,
+                                          info["value"], self.gamma, self.td_lambda)
+        keep = valid_mask(exp.step_type).flatten().bool()
+        flat = lambda x: x[:-1].flatten(0, 1)[keep]  # noqa: E731
+        data = Experience(observation=flat(exp.observation), action=flat(exp.action),
+                          rollout_info={"log_prob": flat(info["log_prob"]),
+                                        "advantages": adv.flatten()[keep],
+                                        "returns": ret.flatten()[keep]})
+        n = int(keep.sum())
+        sums: dict[str, float] = {}
+        count = 0
+        for _ in range(self.num_epochs):
+            perm = torch.randperm(n, device=self.device)
+            for start in range(0, n, self.mini_batch_size):
+                idx = perm[start:start + self.mini_batch_size]
+                mb = Experience(observation=data.observation[idx], action=data.action[idx],
+                                rollout_info={k: v[idx] for k, v in data.rollout_info.items()})
+                loss_info = self.calc_loss(self.train_step(mb).info)
+                total = self.update_with_gradient(loss_info)
+                for k, v in {"loss/total": total, **_scalars(loss_info.extra)}.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                count += 1
+        metrics = {_RENAME.get(k, k): v / max(count, 1) for k, v in sums.items()}
+        return TrainResult(metrics, None)

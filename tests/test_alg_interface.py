@@ -1,0 +1,176 @@
+"""The contract the pipeline nodes rely on, for every registered algorithm."""
+
+import io
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import algorithms
+from algorithms.data import Experience, StepType, TimeStep, make_experience
+
+CARTPOLE_OBS = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+PENDULUM_OBS = gym.spaces.Box(-8.0, 8.0, (3,), np.float32)
+DISCRETE = gym.spaces.Discrete(2)
+BOX = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+
+SMALL = {
+    "dqn": dict(fc_layer_params=(8,)),
+    "sac": dict(actor_fc_layer_params=(8,), critic_fc_layer_params=(8,)),
+    "ppo": dict(actor_fc_layer_params=(8,), value_fc_layer_params=(8,), mini_batch_size=8,
+                num_epochs=2),
+    "a2c": dict(actor_fc_layer_params=(8,), value_fc_layer_params=(8,)),
+    "ddpg": dict(actor_fc_layer_params=(8,), critic_fc_layer_params=(8,)),
+    "td3": dict(actor_fc_layer_params=(8,), critic_fc_layer_params=(8,)),
+}
+CASES = [("dqn", CARTPOLE_OBS, DISCRETE), ("sac", PENDULUM_OBS, BOX),
+         ("sac", CARTPOLE_OBS, DISCRETE), ("ppo", CARTPOLE_OBS, DISCRETE),
+         ("ppo", PENDULUM_OBS, BOX), ("a2c", CARTPOLE_OBS, DISCRETE), ("a2c", PENDULUM_OBS, BOX),
+         ("ddpg", PENDULUM_OBS, BOX), ("td3", PENDULUM_OBS, BOX)]
+IDS = [f"{n}-{'discrete' if isinstance(a, gym.spaces.Discrete) else 'box'}" for n, _, a in CASES]
+
+
+def _time_step(obs_space, act_space, b, rng, step_type=StepType.MID):
+    obs = rng.standard_normal((b, *obs_space.shape)).astype(np.float32)
+    prev = np.zeros((b, *act_space.shape), act_space.dtype)
+    return TimeStep(np.full(b, int(step_type), np.int64), rng.standard_normal(b).astype(np.float32),
+                    np.ones(b, np.float32), obs, prev, np.arange(b))
+
+
+def _unroll(alg, obs_space, act_space, T, B, seed=0):
+    """Time-major [T, B] experience of numpy arrays, as it would arrive over the wire."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for t in range(T):
+        st = StepType.FIRST if t == 0 else (StepType.LAST if t == T // 2 else StepType.MID)
+        ts = _time_step(obs_space, act_space, B, rng, st)
+        step = alg.rollout_step(ts, alg.get_initial_state(B))
+        exp = make_experience(ts, step)
+        rows.append({k: (v.numpy() if isinstance(v, torch.Tensor) else v)
+                     for k, v in exp.to_dict().items()})
+    return Experience.from_dict({k: np.stack([r[k] for r in rows]) for k in rows[0]})
+
+
+def _batch(alg, obs_space, act_space):
+    exp = _unroll(alg, obs_space, act_space, T=6, B=4)
+    if alg.on_policy:
+        return exp
+    return Experience.from_dict({k: np.swapaxes(v, 0, 1) for k, v in exp.to_dict().items()})
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.mark.parametrize("name,obs_space,act_space", CASES, ids=IDS)
+def test_step_interface(name, obs_space, act_space):
+    alg = algorithms.make(name, obs_space, act_space, **SMALL[name])
+    rng = np.random.default_rng(0)
+    ts = _time_step(obs_space, act_space, 3, rng)
+    for step in (alg.rollout_step(ts, ()), alg.predict_step(ts, ())):
+        a = step.output
+        assert a.shape == (3, *act_space.shape)
+        if isinstance(act_space, gym.spaces.Discrete):
+            assert a.dtype == torch.int64 and ((a >= 0) & (a < act_space.n)).all()
+        else:
+            assert a.dtype == torch.float32
+        assert isinstance(step.info, dict)
+    if name == "ppo":
+        assert set(alg.rollout_step(ts, ()).info) == {"log_prob", "value"}
+
+
+@pytest.mark.parametrize("name,obs_space,act_space", CASES, ids=IDS)
+def test_train_on_returns_metrics_and_priorities(name, obs_space, act_space):
+    alg = algorithms.make(name, obs_space, act_space, **SMALL[name])
+    batch = _batch(alg, obs_space, act_space)
+    before = {k: v.clone() for k, v in alg.state_dict().items()}
+    result = alg.train_on(batch, None if alg.on_policy else np.ones(4, np.float32))
+    assert result.metrics and all(isinstance(v, float) and np.isfinite(v)
+                                  for v in result.metrics.values())
+    assert "loss/total" in result.metrics
+    if alg.on_policy:
+        assert result.priorities is None
+    else:
+        assert result.priorities.shape == (4,) and (result.priorities >= 0).all()
+    changed = [k for k, v in alg.state_dict().items() if not torch.equal(v, before[k])]
+    assert changed, "no parameter changed"
+
+
+@pytest.mark.parametrize("name,obs_space,act_space", CASES, ids=IDS)
+def test_importance_weights_scale_the_update(name, obs_space, act_space):
+    if name in ("ppo", "a2c"):
+        pytest.skip("on-policy algorithms take no importance weights")
+    alg = algorithms.make(name, obs_space, act_space, **SMALL[name])
+    batch = _batch(alg, obs_space, act_space)
+    before = {k: v.clone() for k, v in alg.named_parameters()}
+    alg.train_on(batch, np.zeros(4, np.float32))
+    # Zero weights: no sample contributes, so no network moves (SAC's alpha loss is unweighted).
+    for k, v in alg.named_parameters():
+        if k != "log_alpha":
+            torch.testing.assert_close(v, before[k], rtol=0, atol=0, msg=k)
+    alg.train_on(batch, np.ones(4, np.float32))
+    assert any(not torch.equal(v, before[k]) for k, v in alg.named_parameters()
+               if k != "log_alpha")
+
+
+@pytest.mark.parametrize("name,obs_space,act_space", CASES, ids=IDS)
+def test_policy_state_dict_round_trip(name, obs_space, act_space):
+    src = algorithms.make(name, obs_space, act_space, **SMALL[name])
+    dst = algorithms.make(name, obs_space, act_space, **SMALL[name])
+    params = src.policy_state_dict()
+    assert all(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in params.values())
+    dst.load_policy_state_dict({k: v.numpy() for k, v in params.items()})
+    ts = _time_step(obs_space, act_space, 5, np.random.default_rng(1))
+    torch.testing.assert_close(src.predict_step(ts).output, dst.predict_step(ts).output)
+
+
+@pytest.mark.parametrize("name,obs_space,act_space", CASES, ids=IDS)
+def test_checkpoint_restores_exactly(name, obs_space, act_space):
+    alg = algorithms.make(name, obs_space, act_space, **SMALL[name])
+    batch = _batch(alg, obs_space, act_space)
+    for _ in range(3):
+        alg.train_on(batch)
+    buf = io.BytesIO()
+    torch.save(alg.checkpoint_state(), buf)
+    buf.seek(0)
+    restored = algorithms.make(name, obs_space, act_space, **SMALL[name])
+    restored.load_checkpoint_state(torch.load(buf, weights_only=True))
+    for (k, a), (_, b) in zip(alg.state_dict().items(), restored.state_dict().items(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
+    # Same state + same randomness -> identical next update (optimizer moments restored).
+    torch.manual_seed(5)
+    m1 = alg.train_on(batch).metrics
+    torch.manual_seed(5)
+    m2 = restored.train_on(batch).metrics
+    assert m1 == m2
+    for (k, a), (_, b) in zip(alg.state_dict().items(), restored.state_dict().items(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
+
+
+def test_make_rejects_unknown_hyperparameter():
+    with pytest.raises(TypeError, match="learning_rat"):
+        algorithms.make("dqn", CARTPOLE_OBS, DISCRETE, learning_rat=1e-3)
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        algorithms.make("nope", CARTPOLE_OBS, DISCRETE)
+
+
+def test_registry_names_and_td3_defaults():
+    assert algorithms.algorithm_names() == ["a2c", "ddpg", "dqn", "ppo", "sac", "td3"]
+    td3 = algorithms.make("td3", PENDULUM_OBS, BOX, **SMALL["td3"])
+    assert td3.critic_networks.mlp.num_replicas == 2
+    assert td3.actor_update_period == 2 and td3.target_policy_noise == 0.2
+    hp = algorithms.hyperparameters("sac")
+    assert hp["num_critic_replicas"] == 2 and "device" in hp
+
+
+def test_experience_dict_round_trip():
+    exp = Experience(step_type=np.zeros(2), reward=np.ones(2), discount=np.ones(2),
+                     observation=np.zeros((2, 3)), prev_action=np.zeros(2), env_id=np.arange(2),
+                     action=np.zeros(2), rollout_info={"log_prob": np.zeros(2)})
+    d = exp.to_dict()
+    assert "rollout_info.log_prob" in d and "rollout_info" not in d
+    back = Experience.from_dict(d)
+    assert set(back.rollout_info) == {"log_prob"}
+    assert back.time_step.observation.shape == (2, 3)
