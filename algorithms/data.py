@@ -127,8 +127,10 @@ class Experience(NamedTuple):
         return cls(**fields, rollout_info=info)
 
     def map(self, fn) -> Experience:
-        """Apply ``fn`` to every tensor (including those in ``rollout_info``)."""
-        return Experience.from_dict({k: fn(v) for k, v in self.to_dict().items()})
+        """Apply ``fn`` to every tensor (including those in ``rollout_info``); empty fields
+        (``()``) stay empty."""
+        return Experience.from_dict({k: v if isinstance(v, tuple) and v == () else fn(v)
+                                     for k, v in self.to_dict().items()})
 
 
 def make_experience(time_step: TimeStep, alg_step: AlgStep) -> Experience:

@@ -50,6 +50,15 @@ PRESETS: dict[str, Preset] = {
         trainer=dict(num_envs=1, unroll_length=1, initial_collect_steps=1000,
                      num_updates_per_train_iter=1, mini_batch_size=256,
                      replay_buffer_length=20_000, eval_interval=1000)),
+    "sac-CartPole-v1": Preset(
+        "sac", "CartPole-v1", 50_000, 450.0,
+        algorithm=dict(actor_fc_layer_params=(128, 128), critic_fc_layer_params=(128, 128),
+                       actor_learning_rate=1e-3, critic_learning_rate=1e-3,
+                       alpha_learning_rate=1e-3, gamma=0.99, target_update_tau=0.01,
+                       target_entropy_scale=0.3, initial_random_steps=1000),
+        trainer=dict(num_envs=4, unroll_length=1, initial_collect_steps=1000,
+                     num_updates_per_train_iter=2, mini_batch_size=128,
+                     replay_buffer_length=12_500, eval_interval=2500)),
     "td3-Pendulum-v1": Preset(
         "td3", "Pendulum-v1", 20_000, -200.0,
         algorithm=dict(actor_fc_layer_params=(256, 256), critic_fc_layer_params=(256, 256),

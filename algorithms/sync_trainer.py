@@ -197,6 +197,7 @@ def _numpy_experience(ts: TimeStep, step: AlgStep) -> Experience:
 
 def train(alg, env_id: str, config: TrainerConfig, seed: int = 0, log=None) -> RunResult:
     """Train ``alg`` on ``env_id`` for ``config.num_env_steps`` env steps (see module doc)."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(config.num_threads)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -259,5 +260,6 @@ def train(alg, env_id: str, config: TrainerConfig, seed: int = 0, log=None) -> R
             maybe_eval(force=True)
     finally:
         env.close()
+        torch.set_num_threads(threads)
     result.env_steps, result.train_seconds = env_steps, train_time
     return result
