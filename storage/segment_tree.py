@@ -96,7 +96,7 @@ class SegmentTree:
         self._widths = [fanout] * (num_levels - 1) + [self._level_sizes[-1]]
         self._offsets = np.concatenate([[0], np.cumsum(self._level_sizes)]).tolist()
         # Prefix rows carry a leading 0 column, so "sum before child j" is column j.
-        prefix_sizes = [n // w * (w + 1) for n, w in zip(self._level_sizes, self._widths)]
+        prefix_sizes = [n // w * (w + 1) for n, w in zip(self._level_sizes, self._widths, strict=True)]
         self._prefix_offsets = np.concatenate([[0], np.cumsum(prefix_sizes)]).tolist()
         self._nnz = 0
         self._place(torch.device(device), backend)
@@ -147,7 +147,7 @@ class SegmentTree:
         self._np_offsets = np.asarray(self._offsets, dtype=np.int64)
         self._np_prefix_offsets = np.asarray(self._prefix_offsets, dtype=np.int64)
         self._np_widths = np.asarray(self._widths, dtype=np.int64)
-        rows_per_level = [n // w for n, w in zip(self._level_sizes, self._widths)]
+        rows_per_level = [n // w for n, w in zip(self._level_sizes, self._widths, strict=True)]
         self._np_row_offsets = np.concatenate([[0], np.cumsum(rows_per_level)]).astype(np.int64)
         # Scratch for the numba kernel's row deduplication (see _tree_kernels.set_leaves).
         self._stamps = np.full(int(self._np_row_offsets[-1]), -1, dtype=np.int64)
