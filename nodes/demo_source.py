@@ -1,0 +1,27 @@
+"""Demo source: publishes numbered arrays on a reliable topic (the toy graph's producer)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.messages import Record
+
+
+@dataclass(frozen=True)
+class Config:
+    count: int = field(default=100_000, metadata={"doc": "records to send; 0 = until stopped"})
+    size: int = field(default=16, metadata={"doc": "int64 elements per record"})
+    output: str = field(default="numbers", metadata={"doc": "topic to publish on"})
+
+
+async def run(config: Config, bus, ready) -> dict:
+    pub = bus.publisher(config.output)
+    ready()
+    sent = 0
+    while not bus.stopping.is_set() and (config.count == 0 or sent < config.count):
+        sent += 1
+        await pub.send(Record(origin=sent, data=np.full(config.size, sent, dtype=np.int64)))
+        bus.status["sent"] = sent
+    return {"sent": sent}

@@ -1,0 +1,30 @@
+"""Demo transformer: multiplies each record and forwards it, tagging who handled it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipeline.messages import Record
+
+
+@dataclass(frozen=True)
+class Config:
+    scale: int = field(default=2, metadata={"doc": "factor applied to every value"})
+    input: str = field(default="numbers", metadata={"doc": "topic to consume"})
+    output: str = field(default="doubled", metadata={"doc": "topic to publish on"})
+
+
+async def run(config: Config, bus, ready) -> dict:
+    sub = bus.subscriber(config.input)
+    pub = bus.publisher(config.output)
+    ready()
+    handled = 0
+    async for envelope in sub:  # ends once a stop was requested and the input is drained
+        record = envelope.message
+        values = record.data * config.scale
+        await pub.send(Record(origin=record.origin,
+                              data={"values": values, "by": bus.context.instance,
+                                    "scale": config.scale}))
+        handled += 1
+        bus.status["handled"] = handled
+    return {"handled": handled}

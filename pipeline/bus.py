@@ -1,0 +1,803 @@
+"""Topics and services over ``zmq.asyncio``: the three delivery classes and request/reply.
+
+Delivery classes (declared per topic in the graph):
+
+``reliable``
+    The publisher binds a ROUTER; each subscriber connects a DEALER per publisher and joins a
+    *consumer group* (its node name). Every group gets every message; inside a group each message
+    goes to one member that has credit (replicas share the work). Subscribers grant credit and
+    acknowledge a message when they ask for the next one, so the publisher holds every message
+    until it was handled: when a member disconnects (ROUTER_NOTIFY) its unacknowledged messages go
+    back to the front of the group's queue. A group's queue is bounded by the topic's ``hwm``;
+    when it is full ``send`` waits: a slow consumer slows the producer, nothing is dropped.
+    The publisher buffers for groups the graph says will subscribe even before they connect, so
+    there is no slow-joiner loss and no sleep. Each delivery carries a per-connection counter that
+    the subscriber checks: ``gaps`` must stay zero.
+``latest``
+    XPUB/SUB with a small high-water mark. The publisher re-sends its newest message to every new
+    subscription (XPUB_VERBOSE), so a late joiner still gets the current value; subscribers keep
+    only messages newer than the last they saw from that sender.
+``lossy``
+    XPUB/SUB, non-blocking send; drops when a subscriber is slow. Monitors attach here.
+
+Reliable publishers also bind a lossy *tap* that mirrors every message, but only while a
+monitor is subscribed to it, so watching a topic costs nothing when nobody watches.
+
+Request/reply: a server binds a ROUTER, clients connect a DEALER per server and match replies to
+requests by id, with timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import struct
+import time
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+
+from pipeline import codec
+from pipeline.messages import Credit, Join, Leave, LeaveAck
+from pipeline.sockets import SocketFactory, bind, recv_now, send_now
+
+log = logging.getLogger(__name__)
+
+RELIABLE, LATEST, LOSSY = "reliable", "latest", "lossy"
+DELIVERY_CLASSES = (RELIABLE, LATEST, LOSSY)
+
+_U64 = struct.Struct("<Q")
+_LEAVE_ACK = b"A"
+_DATA = b"D"
+_CTRL = b"C"
+
+
+@dataclass
+class TopicStats:
+    """Counters a node reports in its heartbeat, per topic and direction."""
+
+    sent: int = 0
+    received: int = 0
+    gaps: int = 0
+    malformed: int = 0
+    redelivered: int = 0
+    dropped: int = 0
+    depth: int = 0  # messages waiting (publisher backlog or subscriber queue)
+    wait_s: float = 0.0  # time a publisher spent blocked by backpressure
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v}
+
+
+# --- reliable ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Member:
+    routing_id: bytes
+    instance: str
+    credit: int
+    delivered: int = 0
+    inflight: collections.deque = field(default_factory=collections.deque)
+    leaving: bool = False
+
+
+@dataclass
+class _Group:
+    name: str
+    backlog: collections.deque = field(default_factory=collections.deque)
+    members: dict = field(default_factory=dict)  # routing id -> _Member
+    rotation: itertools.count = field(default_factory=itertools.count)
+
+    def pending(self) -> int:
+        return len(self.backlog) + sum(len(m.inflight) for m in self.members.values())
+
+
+class ReliablePublisher:
+    """Publishes ``topic`` to every consumer group with credit-based flow control."""
+
+    def __init__(self, bus: Bus, topic: str, endpoint: str, hwm: int, groups: list[str]):
+        self.topic, self.hwm, self.bus = topic, hwm, bus
+        self.stats = TopicStats()
+        self.seq = 0
+        self.groups = {g: _Group(g) for g in groups}
+        self._by_id: dict[bytes, tuple[_Group, _Member]] = {}
+        self.sock = bus.sockets.make(zmq.ROUTER, hwm=0, router_mandatory=1)
+        self.endpoint = bind(self.sock, endpoint)
+        self._space = asyncio.Event()
+        self._drained = asyncio.Event()
+        self.tap = _Tap(bus, endpoint + ".tap")
+        self._task = asyncio.ensure_future(self._serve())
+
+    async def send(self, msg) -> None:
+        """Queue ``msg`` for every group; wait while any group's queue is at its bound."""
+        while self._full():
+            started = time.perf_counter()
+            self._space.clear()
+            await self._space.wait()
+            self.stats.wait_s += time.perf_counter() - started
+        self.seq += 1
+        frames = codec.encode(msg, self.bus.instance, self.seq)
+        for group in self.groups.values():
+            group.backlog.append(frames)
+            self._pump(group)
+        self.stats.sent += 1
+        self.tap.mirror(self.topic, frames)
+
+    def _full(self) -> bool:
+        return any(len(g.backlog) >= self.hwm for g in self.groups.values())
+
+    def pending(self) -> int:
+        return sum(g.pending() for g in self.groups.values())
+
+    async def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every group has acknowledged everything; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.pending():
+            self._drained.clear()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._drained.wait(), remaining)
+            except TimeoutError:
+                return False
+        return True
+
+    def _pump(self, group: _Group) -> None:
+        members = [m for m in group.members.values() if m.credit > 0 and not m.leaving]
+        while group.backlog and members:
+            member = members[next(group.rotation) % len(members)]
+            frames = group.backlog.popleft()
+            member.delivered += 1
+            try:
+                send_now(self.sock,
+                         [member.routing_id, _DATA, _U64.pack(member.delivered), *frames])
+            except zmq.ZMQError:  # peer vanished between notify and send: treat as gone
+                group.backlog.appendleft(frames)
+                self._drop_member(member.routing_id)
+                members = [m for m in group.members.values() if m.credit > 0 and not m.leaving]
+                continue
+            member.inflight.append(frames)
+            member.credit -= 1
+            if member.credit == 0:
+                members.remove(member)
+        self.stats.depth = max((len(g.backlog) for g in self.groups.values()), default=0)
+
+    async def _serve(self) -> None:
+        while True:
+            frames = await self.sock.recv_multipart()
+            routing_id, body = frames[0], frames[1:]
+            try:
+                msg = codec.decode(body).message
+            except codec.ProtocolError as exc:
+                self.stats.malformed += 1
+                log.warning("%s: malformed control message on %s: %s",
+                            self.bus.instance, self.topic, exc)
+                continue
+            self._on_control(routing_id, msg)
+
+    def drop_instances(self, gone: set[str]) -> None:
+        """The supervisor saw these instances exit: give their unacknowledged messages to
+        the rest of their group (a crashed consumer never says goodbye)."""
+        for routing_id, (_, member) in list(self._by_id.items()):
+            if member is not None and member.instance in gone:
+                self._drop_member(routing_id)
+
+    def _send_ctrl(self, routing_id: bytes, tag: bytes, msg=None) -> None:
+        frames = [routing_id, _CTRL, tag] + (codec.encode(msg) if msg else [])
+        try:
+            send_now(self.sock, frames)
+        except zmq.ZMQError:
+            self._drop_member(routing_id)
+
+    def _on_control(self, routing_id: bytes, msg) -> None:
+        group, member = self._by_id.get(routing_id, (None, None))
+        if isinstance(msg, Join):
+            if member is not None:  # a re-join on the same connection replaces the member
+                self._drop_member(routing_id)
+            group = self.groups.setdefault(msg.group, _Group(msg.group))
+            member = _Member(routing_id, msg.instance, msg.credit)
+            group.members[routing_id] = member
+            self._by_id[routing_id] = (group, member)
+            log.info("%s: %s joined %s as group %s", self.bus.instance, msg.instance,
+                     self.topic, msg.group)
+            self._pump(group)
+        elif member is None:
+            log.warning("%s: control %s from unknown peer on %s", self.bus.instance,
+                        type(msg).__name__, self.topic)
+        elif isinstance(msg, Credit):
+            for _ in range(min(msg.acked, len(member.inflight))):
+                member.inflight.popleft()
+            member.credit += msg.acked
+            self._pump(group)
+            self._notify_progress()
+        elif isinstance(msg, Leave):
+            member.leaving = True
+            self._send_ctrl(routing_id, _LEAVE_ACK, LeaveAck(self.topic))
+            self._pump(group)
+
+    def _drop_member(self, routing_id: bytes) -> None:
+        group, member = self._by_id.pop(routing_id, (None, None))
+        if member is None:
+            return
+        del group.members[routing_id]
+        if member.inflight:
+            # Back to the front, in order: the next member handles them before newer ones.
+            self.stats.redelivered += len(member.inflight)
+            group.backlog.extendleft(reversed(member.inflight))
+            log.warning("%s: %s left %s with %d unacknowledged messages; redelivering",
+                        self.bus.instance, member.instance, self.topic, len(member.inflight))
+        self._pump(group)
+        self._notify_progress()
+
+    def _notify_progress(self) -> None:
+        if not self._full():
+            self._space.set()
+        if not self.pending():
+            self._drained.set()
+
+    def close(self) -> None:
+        self._task.cancel()
+        self.tap.close()
+        self.bus.sockets.close(self.sock)
+
+
+class _Connection:
+    """One DEALER from a reliable subscriber to one publisher endpoint."""
+
+    def __init__(self, sub: ReliableSubscriber, endpoint: str):
+        self.sub, self.endpoint = sub, endpoint
+        self.sock = sub.bus.sockets.make(zmq.DEALER, hwm=0)
+        self.sock.connect(endpoint)
+        self.expected = 1
+        self.unacked = 0
+        self.left = False
+        # The DEALER queues this until the connection is up: no handshake, no sleep.
+        self.send_control(Join(sub.topic, sub.group, sub.bus.instance, sub.window))
+        if sub.leaving:
+            self.send_control(Leave(sub.topic))
+        self.task = asyncio.ensure_future(self._read())
+
+    def send_control(self, msg) -> None:
+        send_now(self.sock, codec.encode(msg))
+
+    def ack(self, count: int) -> None:
+        self.unacked -= count
+        self.send_control(Credit(self.sub.topic, count))
+
+    async def _read(self) -> None:
+        sub = self.sub
+        while True:
+            frames = await self.sock.recv_multipart(copy=False)
+            tag = frames[0].bytes
+            if tag == _CTRL:
+                if frames[1].bytes == _LEAVE_ACK:
+                    self.left = True
+                    sub._wake()
+                continue
+            delivery = _U64.unpack(frames[1].bytes)[0]
+            if delivery != self.expected:
+                sub.stats.gaps += abs(delivery - self.expected)
+                log.error("%s: gap on %s from %s: expected %d, got %d", sub.bus.instance,
+                          sub.topic, self.endpoint, self.expected, delivery)
+            self.expected = delivery + 1
+            self.unacked += 1
+            try:
+                envelope = codec.decode(frames[2:])
+            except codec.ProtocolError as exc:
+                sub.stats.malformed += 1
+                log.warning("%s: dropped malformed message on %s: %s", sub.bus.instance,
+                            sub.topic, exc)
+                self.ack(1)
+                continue
+            sub._queue.append((self, envelope))
+            sub._wake()
+
+    def close(self) -> None:
+        self.task.cancel()
+        self.sub.bus.sockets.close(self.sock)
+
+
+class ReliableSubscriber:
+    """Consumes a reliable topic from every publisher of it, as a member of ``group``.
+
+    ``recv()`` returns the next :class:`codec.Envelope`; asking for the next message acknowledges
+    the previous one, so a message counts as handled only once its consumer came back for more.
+    After :meth:`leave`, ``recv()`` returns None once every publisher confirmed that nothing more
+    is coming and everything already delivered was returned.
+    """
+
+    def __init__(self, bus: Bus, topic: str, window: int):
+        self.bus, self.topic, self.group, self.window = bus, topic, bus.group, window
+        self.stats = TopicStats()
+        self.connections: dict[str, _Connection] = {}
+        self._queue: collections.deque = collections.deque()
+        self._event = asyncio.Event()
+        self._last: _Connection | None = None
+        self._to_ack: collections.Counter = collections.Counter()
+        self.leaving = False
+
+    def set_endpoints(self, endpoints: list[str]) -> None:
+        for endpoint in endpoints:
+            if endpoint not in self.connections:
+                self.connections[endpoint] = _Connection(self, endpoint)
+        for endpoint in list(self.connections):
+            if endpoint not in endpoints:
+                self.connections.pop(endpoint).close()
+        self._wake()
+
+    def _wake(self) -> None:
+        self._event.set()
+
+    def _ack_previous(self) -> None:
+        if self._last is not None:
+            self._to_ack[self._last] += 1
+            self._last = None
+        if not self._to_ack:
+            return
+        # Batch credits, but never sit on them while the queue is empty: that would stall us.
+        threshold = 1 if not self._queue else max(1, self.window // 4)
+        for conn, count in list(self._to_ack.items()):
+            if count >= threshold:
+                if conn.sock.closed:
+                    del self._to_ack[conn]
+                    continue
+                conn.ack(count)
+                del self._to_ack[conn]
+
+    async def recv(self) -> codec.Envelope | None:
+        self._ack_previous()
+        while not self._queue:
+            if self.leaving and all(c.left for c in self.connections.values()):
+                return None
+            self._event.clear()
+            await self._event.wait()
+        conn, envelope = self._queue.popleft()
+        self._last = conn
+        self.stats.received += 1
+        self.stats.depth = len(self._queue)
+        return envelope
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> codec.Envelope:
+        envelope = await self.recv()
+        if envelope is None:
+            raise StopAsyncIteration
+        return envelope
+
+    def leave(self) -> None:
+        """Ask every publisher to stop sending to us; ``recv`` ends once drained."""
+        if self.leaving:
+            return
+        self.leaving = True
+        for conn in self.connections.values():
+            conn.send_control(Leave(self.topic))
+        self._wake()
+
+    def close(self) -> None:
+        self._ack_previous()
+        for conn in self.connections.values():
+            conn.close()
+        self.connections.clear()
+
+
+# --- latest / lossy ----------------------------------------------------------------------------
+
+
+def _count_subscriptions(sock, count: int) -> int:
+    """Read pending XPUB (un)subscription events and return the updated subscriber count."""
+    while (frames := recv_now(sock, copy=True)) is not None:
+        event = frames[0][:1]
+        if event == b"\x01":
+            count += 1
+        elif event == b"\x00":
+            count = max(0, count - 1)
+    return count
+
+
+class _Tap:
+    """A lossy XPUB that mirrors a reliable topic while (and only while) someone subscribes."""
+
+    def __init__(self, bus: Bus, endpoint: str):
+        self.bus = bus
+        self.sock = bus.sockets.make(zmq.XPUB, hwm=100)
+        self.endpoint = bind(self.sock, endpoint)
+        self.subscribers = 0
+
+    def mirror(self, topic: str, frames: list) -> None:
+        self.subscribers = _count_subscriptions(self.sock, self.subscribers)
+        if self.subscribers:
+            try:
+                send_now(self.sock, [topic.encode(), *frames])
+            except zmq.Again:
+                pass
+
+    def close(self) -> None:
+        self.bus.sockets.close(self.sock)
+
+
+class BroadcastPublisher:
+    """``latest`` or ``lossy`` publisher: XPUB, never blocks."""
+
+    def __init__(self, bus: Bus, topic: str, endpoint: str, hwm: int, delivery: str):
+        self.bus, self.topic, self.delivery = bus, topic, delivery
+        self.stats = TopicStats()
+        self.seq = 0
+        self.sock = bus.sockets.make(zmq.XPUB, hwm=hwm, xpub_verbose=1)
+        self.endpoint = bind(self.sock, endpoint)
+        self._topic_frame = topic.encode()
+        self._newest: list | None = None
+        self.subscribers = 0
+
+    def _poll_subscriptions(self) -> None:
+        before = self.subscribers
+        self.subscribers = _count_subscriptions(self.sock, self.subscribers)
+        if self.subscribers > before and self.delivery == LATEST and self._newest is not None:
+            self._send(self._newest)  # a late joiner still gets the current value
+
+    def _send(self, frames: list) -> None:
+        try:
+            send_now(self.sock, [self._topic_frame, *frames])
+        except zmq.Again:
+            self.stats.dropped += 1
+
+    async def send(self, msg) -> None:
+        self.send_nowait(msg)
+
+    def send_nowait(self, msg) -> None:
+        self._poll_subscriptions()
+        self.seq += 1
+        self.stats.sent += 1
+        if self.delivery == LOSSY and not self.subscribers:
+            return  # nobody listens: do not even encode
+        frames = codec.encode(msg, self.bus.instance, self.seq)
+        if self.delivery == LATEST:
+            self._newest = frames
+        self._send(frames)
+
+    def pending(self) -> int:
+        return 0
+
+    async def flush(self, timeout: float | None = None) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.bus.sockets.close(self.sock)
+
+
+class BroadcastSubscriber:
+    """SUB side of ``latest``/``lossy`` topics (and of reliable taps)."""
+
+    def __init__(self, bus: Bus, topic: str, delivery: str, hwm: int = 1000):
+        self.bus, self.topic, self.delivery = bus, topic, delivery
+        self.stats = TopicStats()
+        self.sock = bus.sockets.make(zmq.SUB, hwm=hwm)
+        self.sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        self.endpoints: set[str] = set()
+        self._last_seq: dict[str, int] = {}
+
+    def set_endpoints(self, endpoints: list[str]) -> None:
+        for endpoint in set(endpoints) - self.endpoints:
+            self.sock.connect(endpoint)
+        for endpoint in self.endpoints - set(endpoints):
+            self.sock.disconnect(endpoint)
+        self.endpoints = set(endpoints)
+
+    def _accept(self, frames) -> codec.Envelope | None:
+        try:
+            envelope = codec.decode(frames[1:])
+        except codec.ProtocolError as exc:
+            self.stats.malformed += 1
+            log.warning("%s: dropped malformed message on %s: %s", self.bus.instance,
+                        self.topic, exc)
+            return None
+        if self.delivery == LATEST:
+            if envelope.seq <= self._last_seq.get(envelope.sender, 0):
+                return None  # never go backwards
+            self._last_seq[envelope.sender] = envelope.seq
+        self.stats.received += 1
+        return envelope
+
+    async def recv(self) -> codec.Envelope:
+        """Next message; for ``latest``, the newest one available."""
+        while True:
+            envelope = self._accept(await self.sock.recv_multipart(copy=False))
+            if envelope is None:
+                continue
+            if self.delivery == LATEST:
+                newer = self.poll_newest()
+                envelope = newer or envelope
+            return envelope
+
+    def poll_newest(self) -> codec.Envelope | None:
+        """The newest message waiting, without blocking (None if nothing new)."""
+        newest = None
+        while (frames := recv_now(self.sock)) is not None:
+            newest = self._accept(frames) or newest
+        return newest
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        return await self.recv()
+
+    def close(self) -> None:
+        self.bus.sockets.close(self.sock)
+
+
+# --- request / reply ---------------------------------------------------------------------------
+
+
+class Request:
+    """A request received by a :class:`ServiceServer`; answer it with :meth:`reply`."""
+
+    __slots__ = ("server", "routing_id", "request_id", "envelope")
+
+    def __init__(self, server, routing_id, request_id, envelope):
+        self.server, self.routing_id = server, routing_id
+        self.request_id, self.envelope = request_id, envelope
+
+    @property
+    def message(self):
+        return self.envelope.message
+
+    async def reply(self, msg) -> None:
+        await self.server.sock.send_multipart(
+            [self.routing_id, self.request_id, *codec.encode(msg, self.server.bus.instance)],
+            copy=False)
+
+
+class ServiceServer:
+    def __init__(self, bus: Bus, service: str, endpoint: str):
+        self.bus, self.service = bus, service
+        self.stats = TopicStats()
+        self.sock = bus.sockets.make(zmq.ROUTER, hwm=0)
+        self.endpoint = bind(self.sock, endpoint)
+
+    async def recv(self) -> Request:
+        while True:
+            frames = await self.sock.recv_multipart(copy=False)
+            if len(frames) < 3:
+                self.stats.malformed += 1
+                continue
+            try:
+                envelope = codec.decode(frames[2:])
+            except codec.ProtocolError as exc:
+                self.stats.malformed += 1
+                log.warning("%s: malformed request on %s: %s", self.bus.instance,
+                            self.service, exc)
+                continue
+            self.stats.received += 1
+            return Request(self, frames[0].bytes, frames[1].bytes, envelope)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> Request:
+        return await self.recv()
+
+    def close(self) -> None:
+        self.bus.sockets.close(self.sock)
+
+
+class ServiceClient:
+    """Sends requests round-robin over every server of a service; replies matched by id."""
+
+    def __init__(self, bus: Bus, service: str):
+        self.bus, self.service = bus, service
+        self.stats = TopicStats()
+        self.connections: dict[str, zmq.asyncio.Socket] = {}
+        self._readers: dict[str, asyncio.Future] = {}
+        self._pending: dict[bytes, asyncio.Future] = {}
+        self._ids = itertools.count(1)
+        self._rotation = itertools.count()
+        self._available = asyncio.Event()
+
+    def set_endpoints(self, endpoints: list[str]) -> None:
+        for endpoint in endpoints:
+            if endpoint not in self.connections:
+                sock = self.bus.sockets.make(zmq.DEALER, hwm=0)
+                sock.connect(endpoint)
+                self.connections[endpoint] = sock
+                self._readers[endpoint] = asyncio.ensure_future(self._read(sock))
+        for endpoint in list(self.connections):
+            if endpoint not in endpoints:
+                self._readers.pop(endpoint).cancel()
+                self.bus.sockets.close(self.connections.pop(endpoint))
+        if self.connections:
+            self._available.set()
+        else:
+            self._available.clear()
+
+    async def _read(self, sock) -> None:
+        while True:
+            frames = await sock.recv_multipart(copy=False)
+            future = self._pending.pop(frames[0].bytes, None)
+            if future is None or future.done():
+                continue  # reply to a request that timed out
+            try:
+                future.set_result(codec.decode(frames[1:]))
+            except codec.ProtocolError as exc:
+                self.stats.malformed += 1
+                future.set_exception(exc)
+
+    async def request(self, msg, timeout: float = 30.0) -> codec.Envelope:
+        """Send ``msg`` to one server and wait for its reply; TimeoutError after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        await asyncio.wait_for(self._available.wait(), timeout)
+        endpoints = list(self.connections)
+        sock = self.connections[endpoints[next(self._rotation) % len(endpoints)]]
+        request_id = _U64.pack(next(self._ids))
+        future = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        self.stats.sent += 1
+        try:
+            await sock.send_multipart([request_id, *codec.encode(msg, self.bus.instance)],
+                                      copy=False)
+            return await asyncio.wait_for(future, max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise TimeoutError(f"no reply from service {self.service!r} within {timeout}s")\
+                from None
+        finally:
+            self._pending.pop(request_id, None)
+
+    def close(self) -> None:
+        for task in self._readers.values():
+            task.cancel()
+        for sock in self.connections.values():
+            self.bus.sockets.close(sock)
+        self.connections.clear()
+
+
+# --- the bus -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    delivery: str
+    hwm: int = 1000
+
+
+class Bus:
+    """One node instance's view of the graph's topics and services.
+
+    The runtime creates it with the endpoints this instance binds; :meth:`set_peers` (called at
+    start and whenever the supervisor reports a change) connects subscriptions and clients to
+    every live publisher and server.
+    """
+
+    def __init__(self, instance: str, group: str, topics: dict[str, TopicSpec],
+                 bind_endpoints: dict[str, str], consumer_groups: dict[str, list[str]],
+                 sockets: SocketFactory | None = None):
+        self.instance, self.group = instance, group
+        self.topics = topics
+        self.bind_endpoints = bind_endpoints
+        self.consumer_groups = consumer_groups
+        self.sockets = sockets or SocketFactory()
+        self.publishers: dict[str, ReliablePublisher | BroadcastPublisher] = {}
+        self.subscribers: dict[str, ReliableSubscriber | BroadcastSubscriber] = {}
+        self.servers: dict[str, ServiceServer] = {}
+        self.clients: dict[str, ServiceClient] = {}
+        self._peers: dict = {"topics": {}, "services": {}}
+        # Set by the node runtime: where the node runs, when it should stop, what it reports.
+        self.context = None
+        self.stopping = asyncio.Event()
+        self.status: dict = {}
+
+    # factories used by node code ---------------------------------------------------------------
+
+    def publisher(self, topic: str):
+        if topic not in self.publishers:
+            spec = self._spec(topic)
+            endpoint = self._bind_endpoint(topic)
+            if spec.delivery == RELIABLE:
+                pub = ReliablePublisher(self, topic, endpoint, spec.hwm,
+                                        self.consumer_groups.get(topic, []))
+            else:
+                pub = BroadcastPublisher(self, topic, endpoint, spec.hwm, spec.delivery)
+            self.publishers[topic] = pub
+        return self.publishers[topic]
+
+    def subscriber(self, topic: str, window: int | None = None):
+        if topic not in self.subscribers:
+            spec = self._spec(topic)
+            if spec.delivery == RELIABLE:
+                sub = ReliableSubscriber(self, topic, window or max(1, min(spec.hwm, 256)))
+            else:
+                sub = BroadcastSubscriber(self, topic, spec.delivery,
+                                          hwm=2 if spec.delivery == LATEST else spec.hwm)
+            sub.set_endpoints(self._peers["topics"].get(topic, []))
+            self.subscribers[topic] = sub
+        return self.subscribers[topic]
+
+    def server(self, service: str) -> ServiceServer:
+        if service not in self.servers:
+            self.servers[service] = ServiceServer(self, service, self._bind_endpoint(service))
+        return self.servers[service]
+
+    def client(self, service: str) -> ServiceClient:
+        if service not in self.clients:
+            client = ServiceClient(self, service)
+            client.set_endpoints(self._peers["services"].get(service, []))
+            self.clients[service] = client
+        return self.clients[service]
+
+    def _spec(self, topic: str) -> TopicSpec:
+        if topic not in self.topics:
+            raise KeyError(f"{self.instance}: topic {topic!r} is not declared in the graph")
+        return self.topics[topic]
+
+    def _bind_endpoint(self, name: str) -> str:
+        if name not in self.bind_endpoints:
+            raise KeyError(f"{self.instance}: node does not publish or serve {name!r} "
+                           f"in the graph (it declares {sorted(self.bind_endpoints)})")
+        return self.bind_endpoints[name]
+
+    # wiring ------------------------------------------------------------------------------------
+
+    def bind_all(self) -> None:
+        """Create every publisher and server this instance declares."""
+        for name in self.bind_endpoints:
+            if name in self.topics:
+                self.publisher(name)
+            else:
+                self.server(name)
+
+    def bound_endpoints(self) -> dict[str, str]:
+        """Actual endpoints (tcp ports resolved), including reliable topics' monitor taps."""
+        out = {name: part.endpoint for name, part in {**self.publishers, **self.servers}.items()}
+        for name, pub in self.publishers.items():
+            if isinstance(pub, ReliablePublisher):
+                out[f"{name}.tap"] = pub.tap.endpoint
+        return out
+
+    def set_peers(self, topics: dict, services: dict, gone: list | tuple = ()) -> None:
+        self._peers = {"topics": topics, "services": services}
+        if gone:
+            for pub in self.publishers.values():
+                if isinstance(pub, ReliablePublisher):
+                    pub.drop_instances(set(gone))
+        for topic, sub in self.subscribers.items():
+            sub.set_endpoints(topics.get(topic, []))
+        for service, client in self.clients.items():
+            client.set_endpoints(services.get(service, []))
+
+    # lifecycle ---------------------------------------------------------------------------------
+
+    def leave_all(self) -> None:
+        for sub in self.subscribers.values():
+            if isinstance(sub, ReliableSubscriber):
+                sub.leave()
+
+    async def flush(self, timeout: float) -> bool:
+        """Wait until every reliable message this instance published was acknowledged."""
+        deadline = time.monotonic() + timeout
+        ok = True
+        for pub in self.publishers.values():
+            ok &= await pub.flush(max(0.0, deadline - time.monotonic()))
+        return ok
+
+    def stats(self) -> dict:
+        out = {}
+        for name, part in [*self.publishers.items(), *self.subscribers.items(),
+                           *self.servers.items(), *self.clients.items()]:
+            role = ("pub" if part in self.publishers.values() else
+                    "sub" if part in self.subscribers.values() else
+                    "srv" if part in self.servers.values() else "cli")
+            out[f"{role}:{name}"] = part.stats.as_dict()
+        return out
+
+    def close(self) -> None:
+        """Close in LIFO order: clients, servers, subscribers, publishers, then any leftover."""
+        for group in (self.clients, self.servers, self.subscribers, self.publishers):
+            for part in reversed(list(group.values())):
+                part.close()
+            group.clear()
+        self.sockets.close_all()

@@ -1,0 +1,213 @@
+"""Wire codec: a msgpack envelope plus one frame per array buffer. No pickle, ever.
+
+A message on the wire is ``[envelope, buffer_0, buffer_1, ...]`` (the bus puts routing or
+topic frames in front). The envelope is msgpack of::
+
+    {"k": kind, "s": sender, "n": sequence, "t": send time, "v": schema version, "p": payload}
+
+Arrays inside the payload are replaced by a msgpack extension holding ``(frame index, dtype,
+shape, is_torch)``; their bytes travel as separate frames that zmq sends without copying.
+Tuples are kept apart from lists by another extension so nested tuples round-trip.
+
+:func:`decode` trusts nothing: any malformed, truncated or unknown message raises
+:class:`ProtocolError` with a one-line reason, which receivers count and log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from typing import Any, NamedTuple
+
+import msgpack
+import numpy as np
+
+from pipeline.messages import SCHEMA_VERSION, message_class
+
+try:  # torch is optional for the pipeline itself
+    import torch
+except ImportError:  # pragma: no cover - torch is a project dependency
+    torch = None
+
+# Arrays decoded from zmq frames are read-only views; torch warns about that on every
+# conversion. Receivers that need to write copy explicitly.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+warnings.filterwarnings("ignore", message="The given buffer is not writable")
+
+_EXT_ARRAY = 1
+_EXT_TUPLE = 2
+_ALLOWED_KINDS = frozenset("biuf")
+_BF16 = "bf16"
+
+
+class ProtocolError(Exception):
+    """A frame sequence that is not a valid message of a known kind."""
+
+
+class Envelope(NamedTuple):
+    kind: str
+    sender: str
+    seq: int
+    sent_at: float
+    message: Any
+
+
+def encode(msg: Any, sender: str = "", seq: int = 0) -> list:
+    """Frames for ``msg`` (a registered message dataclass). Array buffers are not copied."""
+    buffers: list = []
+
+    def default(obj):
+        if isinstance(obj, np.ndarray):
+            return _array_ext(obj, buffers, is_torch=False)
+        if torch is not None and isinstance(obj, torch.Tensor):
+            return _tensor_ext(obj, buffers)
+        if isinstance(obj, tuple):
+            return msgpack.ExtType(_EXT_TUPLE, _pack(list(obj)))
+        if isinstance(obj, np.generic):
+            return obj.item()
+        raise TypeError(f"cannot encode {type(obj).__name__} in message {msg.KIND!r}")
+
+    def _pack(obj):
+        return msgpack.packb(obj, default=default, use_bin_type=True, strict_types=True)
+
+    payload = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
+    envelope = {
+        "k": msg.KIND,
+        "s": sender,
+        "n": seq,
+        "t": time.time(),
+        "v": SCHEMA_VERSION,
+        "p": payload,
+    }
+    return [_pack(envelope), *buffers]
+
+
+def _array_ext(arr: np.ndarray, buffers: list, is_torch: bool, dtype_tag: str | None = None):
+    if arr.dtype.kind not in _ALLOWED_KINDS:
+        raise TypeError(f"arrays of dtype {arr.dtype} cannot travel on the wire")
+    if not arr.flags.c_contiguous:  # np.ascontiguousarray would turn 0-d into 1-d
+        arr = arr.copy(order="C")
+    index = len(buffers)
+    # A 0-d or empty array still gets a frame so frame indices stay simple.
+    buffers.append(arr.reshape(-1).view(np.uint8) if arr.size else b"")
+    meta = [index, dtype_tag or arr.dtype.str, list(arr.shape), is_torch]
+    return msgpack.ExtType(_EXT_ARRAY, msgpack.packb(meta, use_bin_type=True))
+
+
+def _tensor_ext(tensor, buffers: list):
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    if tensor.dtype == torch.bfloat16:
+        return _array_ext(tensor.view(torch.int16).numpy(), buffers, True, _BF16)
+    return _array_ext(tensor.numpy(), buffers, is_torch=True)
+
+
+def decode(frames: list) -> Envelope:
+    """Parse ``[envelope, *buffers]`` into an :class:`Envelope`; raise ProtocolError if bad."""
+    if not frames:
+        raise ProtocolError("empty message")
+    views = [_as_buffer(f) for f in frames]
+    used: set[int] = set()
+
+    def ext_hook(code, data):
+        if code == _EXT_TUPLE:
+            return tuple(_unpack(data))
+        if code == _EXT_ARRAY:
+            return _decode_array(data, views, used)
+        raise ProtocolError(f"unknown extension type {code}")
+
+    def _unpack(data):
+        return msgpack.unpackb(data, ext_hook=ext_hook, raw=False, strict_map_key=False)
+
+    try:
+        envelope = _unpack(views[0])
+    except ProtocolError:
+        raise
+    except Exception as exc:  # msgpack raises a zoo of types on garbage
+        raise ProtocolError(f"undecodable envelope: {type(exc).__name__}: {exc}") from None
+    if not isinstance(envelope, dict) or not {"k", "s", "n", "t", "v", "p"} <= envelope.keys():
+        raise ProtocolError("envelope is not a map with keys k, s, n, t, v, p")
+    kind, version, payload = envelope["k"], envelope["v"], envelope["p"]
+    if version != SCHEMA_VERSION:
+        raise ProtocolError(f"schema version {version!r}, expected {SCHEMA_VERSION}")
+    cls = message_class(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown message kind {kind!r}")
+    if not isinstance(payload, dict):
+        raise ProtocolError(f"{kind}: payload is not a map")
+    if len(used) != len(views) - 1:
+        raise ProtocolError(f"{kind}: {len(views) - 1} buffer frames but {len(used)} referenced")
+    names = {f.name for f in dataclasses.fields(cls)}
+    if payload.keys() != names:
+        missing, extra = sorted(names - payload.keys()), sorted(payload.keys() - names)
+        raise ProtocolError(f"{kind}: fields do not match (missing {missing}, unexpected {extra})")
+    _check_field_types(cls, payload)
+    sender, seq, sent_at = envelope["s"], envelope["n"], envelope["t"]
+    if not isinstance(sender, str) or not isinstance(seq, int) or not isinstance(sent_at, float):
+        raise ProtocolError(f"{kind}: bad sender/sequence/time in envelope")
+    return Envelope(kind, sender, seq, sent_at, cls(**payload))
+
+
+def _as_buffer(frame):
+    if isinstance(frame, bytes):
+        return frame
+    buffer = getattr(frame, "buffer", None)  # zmq.Frame received with copy=False
+    if buffer is not None:
+        return buffer
+    try:
+        return memoryview(frame).cast("B")
+    except TypeError:
+        raise ProtocolError(f"frame of type {type(frame).__name__} is not a buffer") from None
+
+
+def _decode_array(data, views, used):
+    try:
+        index, dtype_tag, shape, is_torch = msgpack.unpackb(data, raw=False)
+        shape = tuple(int(d) for d in shape)
+    except Exception:
+        raise ProtocolError("malformed array descriptor") from None
+    if not isinstance(index, int) or not 0 <= index < len(views) - 1 or index in used:
+        raise ProtocolError(f"array refers to missing or reused frame {index!r}")
+    if any(d < 0 for d in shape):
+        raise ProtocolError(f"negative array dimension in {shape}")
+    bf16 = dtype_tag == _BF16
+    try:
+        dtype = np.dtype("<i2" if bf16 else dtype_tag)
+    except TypeError:
+        raise ProtocolError(f"unknown dtype {dtype_tag!r}") from None
+    if dtype.kind not in _ALLOWED_KINDS:
+        raise ProtocolError(f"dtype {dtype} not allowed on the wire")
+    used.add(index)
+    buffer = views[index + 1]
+    count = int(np.prod(shape, dtype=np.int64))
+    if len(buffer) != count * dtype.itemsize:
+        raise ProtocolError(
+            f"array frame has {len(buffer)} bytes, shape {shape} of {dtype} needs "
+            f"{count * dtype.itemsize}"
+        )
+    arr = np.frombuffer(buffer, dtype=dtype, count=count).reshape(shape)
+    if not is_torch:
+        return arr
+    if torch is None:  # pragma: no cover
+        raise ProtocolError("torch tensor received but torch is not installed")
+    tensor = torch.from_numpy(arr)
+    return tensor.view(torch.bfloat16) if bf16 else tensor
+
+
+_SIMPLE_TYPES = {"int": (int,), "float": (float, int), "str": (str,), "bool": (bool,),
+                 "dict": (dict,), "list": (list,), "bytes": (bytes,)}
+
+
+def _check_field_types(cls, payload: dict) -> None:
+    """Check the fields annotated with simple types; ``Any`` fields are left to the handler."""
+    for f in dataclasses.fields(cls):
+        expected = _SIMPLE_TYPES.get(f.type if isinstance(f.type, str) else f.type.__name__)
+        value = payload[f.name]
+        if expected is None:
+            continue
+        if not isinstance(value, expected) or (expected == (int,) and isinstance(value, bool)):
+            raise ProtocolError(
+                f"{cls.KIND}: field {f.name!r} should be {f.type}, got {type(value).__name__}"
+            )

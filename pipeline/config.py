@@ -1,0 +1,111 @@
+"""Build a frozen config dataclass from a plain mapping, rejecting unknown keys and bad types.
+
+Used for node configs from the graph (so mistakes are reported with the graph's file and line)
+and anywhere else a dict becomes a typed config. Supports the annotations configs use:
+``int``, ``float``, ``str``, ``bool``, ``list``, ``dict``, ``X | None``, ``list[X]``,
+``dict[str, X]``, ``Literal[...]`` and ``Any``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Literal
+
+
+class ConfigError(ValueError):
+    """A config value or key is wrong. ``key`` is the dotted path below the config root."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}" if key else message)
+        self.key, self.message = key, message
+
+
+def build(cls: type, data: Any, where: str = "") -> Any:
+    """``cls(**data)`` after checking keys and types; raises :class:`ConfigError`."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(where, f"expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            raise ConfigError(_join(where, key), f"unknown key (known: {', '.join(fields)})")
+    values = {}
+    for name, f in fields.items():
+        path = _join(where, name)
+        if name in data:
+            values[name] = check(hints[name], data[name], path)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(path, "required key is missing")
+    return cls(**values)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """One-line docs of fields, taken from ``metadata={"doc": ...}``."""
+    return {f.name: f.metadata.get("doc", "") for f in dataclasses.fields(cls)}
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else str(key)
+
+
+def check(annotation, value, path: str):
+    """Return ``value`` (ints widened to float where a float is wanted) or raise ConfigError."""
+    if annotation is Any:
+        return value
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for option in args:
+            try:
+                return check(option, value, path)
+            except ConfigError as exc:
+                errors.append(exc.message)
+        raise ConfigError(path, f"expected {_name(annotation)}, got {_describe(value)}")
+    if annotation is type(None):
+        if value is None:
+            return None
+        raise ConfigError(path, f"expected null, got {_describe(value)}")
+    if origin is Literal:
+        if value in args:
+            return value
+        raise ConfigError(path, f"must be one of {', '.join(map(repr, args))}, got {value!r}")
+    if annotation is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(path, f"expected a number, got {_describe(value)}")
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(path, f"expected an integer, got {_describe(value)}")
+    if annotation in (str, bool):
+        if isinstance(value, annotation):
+            return value
+        raise ConfigError(path, f"expected {annotation.__name__}, got {_describe(value)}")
+    if annotation is list or origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(path, f"expected a list, got {_describe(value)}")
+        if args:
+            return [check(args[0], v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return value
+    if annotation is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(path, f"expected a mapping, got {_describe(value)}")
+        if args:
+            return {k: check(args[1], v, _join(path, k)) for k, v in value.items()}
+        return value
+    if dataclasses.is_dataclass(annotation):
+        return build(annotation, value, path)
+    return value
+
+
+def _name(annotation) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
+def _describe(value) -> str:
+    return "null" if value is None else f"{type(value).__name__} {value!r}"

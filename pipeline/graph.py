@@ -1,0 +1,422 @@
+"""The graph spec: YAML in, a validated frozen :class:`Graph` out.
+
+Every mistake becomes one :class:`GraphError` line naming file, line and key, e.g.::
+
+    graphs/bad.yaml:12: nodes.sink.kind: unknown node kind 'snk' (known: demo_sink, ...)
+
+Node kinds are modules in ``nodes/`` that define ``async def run(config, bus, ready)`` and
+usually a ``Config`` dataclass; a kind may also be ``package.module:function`` for user code.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import pkgutil
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from pipeline import config as configlib
+from pipeline.bus import DELIVERY_CLASSES, RELIABLE
+
+NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+RESTART_POLICIES = ("always", "on-failure", "never")
+
+TOP_KEYS = {"name", "description", "topics", "services", "nodes", "run"}
+TOPIC_KEYS = {"delivery", "hwm"}
+NODE_KEYS = {"kind", "replicas", "config", "publishes", "subscribes", "serves", "calls",
+             "restart", "device", "description"}
+RESTART_KEYS = {"policy", "max_failures", "window_s", "backoff_s", "backoff_max_s"}
+RUN_KEYS = {"directory", "duration_s", "stop_when", "heartbeat_s", "heartbeat_timeout_s",
+            "grace_s", "transport", "ready_timeout_s"}
+
+
+class GraphError(Exception):
+    """A user mistake in a graph: printed as one line, exit code 2."""
+
+    def __init__(self, source: str, line: int | None, key: str, message: str):
+        self.source, self.line, self.key, self.message = source, line, key, message
+        where = f"{source}:{line}" if line else source
+        super().__init__(f"{where}: {key}: {message}" if key else f"{where}: {message}")
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    policy: str = "on-failure"
+    max_failures: int = 5
+    window_s: float = 60.0
+    backoff_s: float = 0.5
+    backoff_max_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    kind: str
+    replicas: int = 1
+    config: dict = field(default_factory=dict)
+    publishes: tuple = ()
+    subscribes: tuple = ()
+    serves: tuple = ()
+    calls: tuple = ()
+    restart: RestartPolicy = RestartPolicy()
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class TopicDecl:
+    name: str
+    delivery: str
+    hwm: int
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    directory: str = "runs"
+    duration_s: float | None = None
+    stop_when: tuple = ()
+    heartbeat_s: float = 1.0
+    heartbeat_timeout_s: float = 30.0
+    grace_s: float = 15.0
+    transport: str = "ipc"
+    ready_timeout_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class Graph:
+    name: str
+    source: str
+    topics: dict  # name -> TopicDecl
+    nodes: dict  # name -> NodeSpec (declaration order)
+    run: RunSpec
+    services: tuple
+    raw: dict  # the resolved YAML data, written to the run directory
+
+    def consumer_groups(self, topic: str) -> list[str]:
+        return [n.name for n in self.nodes.values() if topic in n.subscribes]
+
+    def start_order(self) -> list[list[str]]:
+        """Waves of nodes to start; each wave after the previous one is ready.
+
+        A node starts after the nodes it feeds on reliable topics or calls as services (so
+        consumers and servers are ready before producers and callers); cycles are broken in
+        declaration order.
+        """
+        return list(reversed(self.stop_order()))
+
+    def stop_order(self) -> list[list[str]]:
+        """Waves of nodes to stop: producers and callers first, so nothing is left in flight."""
+        upstream: dict[str, set[str]] = {name: set() for name in self.nodes}
+        for node in self.nodes.values():
+            for other in self.nodes.values():
+                if other.name == node.name:
+                    continue
+                feeds = any(t in other.subscribes and self.topics[t].delivery == RELIABLE
+                            for t in node.publishes)
+                calls = any(s in other.serves for s in node.calls)
+                if feeds or calls:
+                    upstream[other.name].add(node.name)
+        waves, done = [], set()
+        while len(done) < len(self.nodes):
+            wave = [n for n in self.nodes if n not in done and upstream[n] <= done]
+            if not wave:  # a cycle: take the first remaining node in declaration order
+                wave = [next(n for n in self.nodes if n not in done)]
+            waves.append(wave)
+            done.update(wave)
+        return waves
+
+
+# --- YAML with line numbers ---------------------------------------------------------------------
+
+
+class _Lines:
+    """Maps key paths (tuples) to YAML line numbers, for error messages."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.lines: dict[tuple, int] = {}
+
+    def record(self, node, path=()) -> None:
+        self.lines[path] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, value_node in node.value:
+                key = key_node.value
+                if key in seen:
+                    raise GraphError(self.source, key_node.start_mark.line + 1,
+                                     ".".join(map(str, (*path, key))), "duplicate key")
+                seen.add(key)
+                self.lines[(*path, key)] = key_node.start_mark.line + 1
+                self.record(value_node, (*path, key))
+                self.lines[(*path, key)] = key_node.start_mark.line + 1
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self.record(item, (*path, i))
+
+    def line(self, path) -> int | None:
+        path = tuple(path)
+        while path not in self.lines and path:
+            path = path[:-1]
+        return self.lines.get(path)
+
+    def error(self, path, message: str) -> GraphError:
+        return GraphError(self.source, self.line(path), ".".join(map(str, path)), message)
+
+
+def load(path: str, overrides: list[str] | tuple = ()) -> Graph:
+    """Read, override (``key.path=value``), and validate a graph file."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as exc:
+        raise GraphError(path, None, "", f"cannot read graph: {exc.strerror}") from None
+    return parse(text, path, overrides)
+
+
+def parse(text: str, source: str = "<graph>", overrides: list[str] | tuple = ()) -> Graph:
+    lines = _Lines(source)
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise GraphError(source, mark.line + 1 if mark else None, "",
+                         f"invalid YAML: {problem}") from None
+    if root is not None:
+        lines.record(root)
+    if not isinstance(data, dict):
+        raise GraphError(source, 1, "", "a graph must be a mapping with name, topics, nodes")
+    for override in overrides:
+        _apply_override(data, override, lines)
+    return _validate(data, lines)
+
+
+def _apply_override(data: dict, override: str, lines: _Lines) -> None:
+    if "=" not in override:
+        raise GraphError(lines.source, None, override, "--set expects key.path=value")
+    key, _, raw = override.partition("=")
+    path = key.strip().split(".")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    target = data
+    for i, part in enumerate(path[:-1]):
+        if not isinstance(target, dict) or part not in target:
+            known = ", ".join(map(str, target)) if isinstance(target, dict) else ""
+            raise GraphError(lines.source, None, ".".join(path[: i + 1]),
+                             f"--set: no such key (known: {known})")
+        if target[part] is None:
+            target[part] = {}
+        target = target[part]
+    if not isinstance(target, dict):
+        raise GraphError(lines.source, None, key, "--set: parent is not a mapping")
+    target[path[-1]] = value
+
+
+def _require_mapping(value, path, lines: _Lines, allow_none=True) -> dict:
+    if value is None and allow_none:
+        return {}
+    if not isinstance(value, dict):
+        raise lines.error(path, f"expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _check_keys(mapping: dict, allowed: set, path, lines: _Lines) -> None:
+    for key in mapping:
+        if key not in allowed:
+            raise lines.error((*path, key), f"unknown key (allowed: {', '.join(sorted(allowed))})")
+
+
+def _names(value, path, lines: _Lines) -> tuple:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise lines.error(path, "expected a list of names")
+    if len(set(value)) != len(value):
+        raise lines.error(path, "a name is listed twice")
+    return tuple(value)
+
+
+def _typed(value, kind, path, lines: _Lines, minimum=None):
+    try:
+        value = configlib.check(kind, value, ".".join(map(str, path)))
+    except configlib.ConfigError as exc:
+        raise lines.error(path, exc.message) from None
+    if minimum is not None and value is not None and value < minimum:
+        raise lines.error(path, f"must be >= {minimum}, got {value}")
+    return value
+
+
+def _validate(data: dict, lines: _Lines) -> Graph:
+    _check_keys(data, TOP_KEYS, (), lines)
+    name = data.get("name")
+    if name is None:
+        raise lines.error(("name",), "required key is missing")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise lines.error(("name",), "must be a name of letters, digits, '_' or '-'")
+
+    topics = {}
+    for tname, tspec in _require_mapping(data.get("topics"), ("topics",), lines).items():
+        path = ("topics", tname)
+        _check_name(tname, path, lines)
+        tspec = _require_mapping(tspec, path, lines)
+        _check_keys(tspec, TOPIC_KEYS, path, lines)
+        delivery = tspec.get("delivery")
+        if delivery not in DELIVERY_CLASSES:
+            raise lines.error((*path, "delivery"),
+                              f"must be one of {', '.join(DELIVERY_CLASSES)}, got {delivery!r}")
+        hwm = _typed(tspec.get("hwm", 1000), int, (*path, "hwm"), lines, minimum=1)
+        topics[tname] = TopicDecl(tname, delivery, hwm)
+
+    raw_nodes = _require_mapping(data.get("nodes"), ("nodes",), lines)
+    if not raw_nodes:
+        raise lines.error(("nodes",), "a graph needs at least one node")
+    nodes = {}
+    for nname, nspec in raw_nodes.items():
+        nodes[nname] = _validate_node(str(nname), nspec, topics, lines)
+
+    published = {t for n in nodes.values() for t in n.publishes}
+    served = {s for n in nodes.values() for s in n.serves}
+    for n in nodes.values():
+        for i, t in enumerate(n.subscribes):
+            if t not in published:
+                raise lines.error(("nodes", n.name, "subscribes", i),
+                                  f"topic {t!r} is subscribed but no node publishes it")
+        for i, s in enumerate(n.calls):
+            if s not in served:
+                raise lines.error(("nodes", n.name, "calls", i),
+                                  f"service {s!r} is called but no node serves it")
+        for i, s in enumerate(n.serves):
+            if s in topics:
+                raise lines.error(("nodes", n.name, "serves", i),
+                                  f"{s!r} is already a topic; services need their own names")
+    for tname in topics:
+        if tname not in published:
+            raise lines.error(("topics", tname), "topic is declared but no node publishes it")
+
+    run = _validate_run(_require_mapping(data.get("run"), ("run",), lines), nodes, lines)
+    return Graph(name=name, source=lines.source, topics=topics, nodes=nodes, run=run,
+                 services=tuple(sorted(served)), raw=copy.deepcopy(data))
+
+
+def _check_name(name, path, lines: _Lines) -> None:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise lines.error(path, "names use letters, digits, '_' and '-' and start with a letter")
+
+
+def _validate_node(name: str, spec, topics: dict, lines: _Lines) -> NodeSpec:
+    path = ("nodes", name)
+    _check_name(name, path, lines)
+    spec = _require_mapping(spec, path, lines, allow_none=False)
+    _check_keys(spec, NODE_KEYS, path, lines)
+    kind = spec.get("kind")
+    if not isinstance(kind, str) or not kind:
+        raise lines.error((*path, "kind"), "required: the node kind (a module in nodes/ or "
+                          "package.module:function)")
+    module, config_cls = resolve_kind(kind, lines, (*path, "kind"))
+    replicas = _typed(spec.get("replicas", 1), int, (*path, "replicas"), lines, minimum=1)
+    raw_config = _require_mapping(spec.get("config"), (*path, "config"), lines)
+    if config_cls is not None:
+        try:
+            configlib.build(config_cls, raw_config)
+        except configlib.ConfigError as exc:
+            raise lines.error((*path, "config", *exc.key.split(".")), exc.message) from None
+    lists = {}
+    for key in ("publishes", "subscribes", "serves", "calls"):
+        lists[key] = _names(spec.get(key), (*path, key), lines)
+    for key in ("publishes", "subscribes"):
+        for i, t in enumerate(lists[key]):
+            if t not in topics:
+                raise lines.error((*path, key, i), f"topic {t!r} is not declared under topics")
+    for i, t in enumerate(lists["subscribes"]):
+        if t in lists["publishes"]:
+            raise lines.error((*path, "subscribes", i),
+                              f"node both publishes and subscribes {t!r}")
+    for i, s in enumerate(lists["serves"]):
+        _check_name(s, (*path, "serves", i), lines)
+    restart_raw = _require_mapping(spec.get("restart"), (*path, "restart"), lines)
+    _check_keys(restart_raw, RESTART_KEYS, (*path, "restart"), lines)
+    policy = restart_raw.get("policy", "on-failure")
+    if policy not in RESTART_POLICIES:
+        raise lines.error((*path, "restart", "policy"),
+                          f"must be one of {', '.join(RESTART_POLICIES)}, got {policy!r}")
+    restart = RestartPolicy(
+        policy=policy,
+        max_failures=_typed(restart_raw.get("max_failures", 5), int,
+                            (*path, "restart", "max_failures"), lines, minimum=1),
+        window_s=_typed(restart_raw.get("window_s", 60.0), float,
+                        (*path, "restart", "window_s"), lines, minimum=0.0),
+        backoff_s=_typed(restart_raw.get("backoff_s", 0.5), float,
+                         (*path, "restart", "backoff_s"), lines, minimum=0.0),
+        backoff_max_s=_typed(restart_raw.get("backoff_max_s", 10.0), float,
+                             (*path, "restart", "backoff_max_s"), lines, minimum=0.0),
+    )
+    device = spec.get("device", "cpu")
+    if not isinstance(device, str) or not re.match(r"^(cpu|cuda(:\d+)?|auto)$", device):
+        raise lines.error((*path, "device"), f"must be cpu, cuda, cuda:N or auto, got {device!r}")
+    return NodeSpec(name=name, kind=kind, replicas=replicas, config=raw_config,
+                    restart=restart, device=device, **lists)
+
+
+def _validate_run(spec: dict, nodes: dict, lines: _Lines) -> RunSpec:
+    _check_keys(spec, RUN_KEYS, ("run",), lines)
+    duration = _typed(spec.get("duration_s"), float | None, ("run", "duration_s"), lines)
+    if duration is not None and duration <= 0:
+        raise lines.error(("run", "duration_s"), f"must be > 0, got {duration}")
+    stop_when = _names(spec.get("stop_when"), ("run", "stop_when"), lines)
+    for i, n in enumerate(stop_when):
+        if n not in nodes:
+            raise lines.error(("run", "stop_when", i), f"unknown node {n!r}")
+    transport = spec.get("transport", "ipc")
+    if transport not in ("ipc", "tcp"):
+        raise lines.error(("run", "transport"), f"must be ipc or tcp, got {transport!r}")
+    directory = _typed(spec.get("directory", "runs"), str, ("run", "directory"), lines)
+    numbers = {k: _typed(spec[k], float, ("run", k), lines, minimum=0.001)
+               for k in ("heartbeat_s", "heartbeat_timeout_s", "grace_s", "ready_timeout_s")
+               if k in spec}
+    return RunSpec(directory=directory, duration_s=duration, stop_when=stop_when,
+                   transport=transport, **numbers)
+
+
+# --- node kinds -----------------------------------------------------------------------------------
+
+
+def known_kinds() -> list[str]:
+    import nodes
+
+    return sorted(m.name for m in pkgutil.iter_modules(nodes.__path__)
+                  if not m.name.startswith("_") and m.name != "messages")
+
+
+def resolve_kind(kind: str, lines: _Lines | None = None, path=("kind",)):
+    """Import a node kind; return ``(run function, Config class or None)``."""
+
+    def fail(message):
+        if lines is None:
+            raise GraphError("<graph>", None, ".".join(path), message)
+        raise lines.error(path, message)
+
+    if ":" in kind:
+        module_name, _, func_name = kind.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            fail(f"cannot import {module_name!r}: {exc}")
+        run = getattr(module, func_name, None)
+        if run is None or not callable(run):
+            fail(f"{module_name!r} has no function {func_name!r}")
+        return run, getattr(run, "Config", None)
+    if not NAME_RE.match(kind) or kind not in known_kinds():
+        fail(f"unknown node kind {kind!r} (known: {', '.join(known_kinds())})")
+    module = importlib.import_module(f"nodes.{kind}")
+    run = getattr(module, "run", None)
+    if run is None:
+        fail(f"nodes/{kind}.py has no run(config, bus, ready) function")
+    return run, getattr(module, "Config", None)

@@ -1,0 +1,193 @@
+"""Message types of the pipeline itself: control, heartbeats, failures, lifecycle events.
+
+Every payload is a frozen dataclass registered with :func:`message`, which gives it a wire
+``kind`` tag. The codec (:mod:`pipeline.codec`) is the only place that turns these into bytes;
+it checks on decode that the kind is known and that the fields match this declaration.
+
+RL payloads (time steps, experience, parameters...) are declared the same way in
+``nodes/messages.py``: the pipeline knows nothing about RL, only about the registry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+SCHEMA_VERSION = 1
+
+_REGISTRY: dict[str, type] = {}
+
+
+def message(kind: str):
+    """Class decorator: make ``cls`` a frozen dataclass and register it under ``kind``."""
+
+    def wrap(cls):
+        cls = dataclasses.dataclass(frozen=True)(cls)
+        if kind in _REGISTRY and _REGISTRY[kind].__qualname__ != cls.__qualname__:
+            raise ValueError(f"message kind {kind!r} declared twice")
+        cls.KIND = kind
+        _REGISTRY[kind] = cls
+        return cls
+
+    return wrap
+
+
+def message_class(kind: str) -> type | None:
+    """The dataclass registered under ``kind``, or None."""
+    return _REGISTRY.get(kind)
+
+
+def registered_kinds() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+class Message:
+    """Marker base so type hints can say 'any message'."""
+
+    KIND: ClassVar[str] = ""
+
+
+# --- data on demo topics -----------------------------------------------------------------------
+
+
+@message("record")
+class Record(Message):
+    """A numbered array: the payload of the demo graph and of the bus benchmarks.
+
+    ``origin`` is the sequence number assigned by the first producer, so a sink can check
+    completeness across any number of transforming hops.
+    """
+
+    origin: int
+    data: Any
+
+
+# --- node <-> supervisor -----------------------------------------------------------------------
+
+
+@message("hello")
+class Hello(Message):
+    """First message a node sends on its control channel, with the endpoints it bound."""
+
+    instance: str
+    pid: int
+    endpoints: dict
+
+
+@message("ready")
+class Ready(Message):
+    """A node's sockets are connected and its state restored: dependents may start."""
+
+    instance: str
+
+
+@message("heartbeat")
+class Heartbeat(Message):
+    """Periodic liveness plus the numbers an operator wants: per-topic counters and depths."""
+
+    instance: str
+    topics: dict
+    extra: dict
+
+
+@message("failure")
+class Failure(Message):
+    """A node raised: sent before the process exits non-zero, so the reason is never lost."""
+
+    instance: str
+    error: str
+    traceback: str
+
+
+@message("finished")
+class Finished(Message):
+    """A node's ``run`` returned normally; ``summary`` is whatever it chose to report."""
+
+    instance: str
+    summary: dict
+
+
+@message("peers")
+class Peers(Message):
+    """Supervisor -> node: the current publisher/server endpoints for every topic/service,
+    and the instances that exited (their unacknowledged reliable messages are redelivered)."""
+
+    topics: dict
+    services: dict
+    gone: list
+
+
+@message("stop")
+class Stop(Message):
+    """Supervisor -> node: finish cleanly (drain reliable inputs, flush outputs) and exit 0."""
+
+    reason: str
+
+
+# --- control endpoint (run.py <-> supervisor) -------------------------------------------------
+
+
+@message("control.request")
+class ControlRequest(Message):
+    """A command for the supervisor: status, stop, restart, swap, scale, checkpoint."""
+
+    command: str
+    args: dict
+
+
+@message("control.reply")
+class ControlReply(Message):
+    """Replies are data: ``ok`` plus either ``result`` or a one-line ``reason``."""
+
+    ok: bool
+    result: dict
+    reason: str
+
+
+@message("lifecycle")
+class Lifecycle(Message):
+    """Published by the supervisor on ``supervisor.<node>.<event>``."""
+
+    node: str
+    instance: str
+    event: str
+    detail: str
+
+
+# --- reliable topic protocol (see pipeline.bus) ----------------------------------------------
+
+
+@message("bus.join")
+class Join(Message):
+    """Subscriber -> publisher: I consume ``topic`` in ``group`` and grant ``credit`` messages."""
+
+    topic: str
+    group: str
+    instance: str
+    credit: int
+
+
+@message("bus.credit")
+class Credit(Message):
+    """Subscriber -> publisher: ``acked`` messages were handled; grant that much credit again."""
+
+    topic: str
+    acked: int
+
+
+@message("bus.leave")
+class Leave(Message):
+    """Subscriber -> publisher: send me nothing more; reply with LeaveAck once that holds."""
+
+    topic: str
+
+
+@message("bus.leave_ack")
+class LeaveAck(Message):
+    """Publisher -> subscriber: nothing follows this on ``topic`` (FIFO per connection)."""
+
+    topic: str
+
+
+def field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))

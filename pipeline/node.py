@@ -1,0 +1,250 @@
+"""Node runtime: runs one node instance, as its own process or as a task in a shared loop.
+
+A node kind is ``async def run(config, bus, ready)``. The runtime builds its typed config, a
+:class:`~pipeline.bus.Bus` wired to the graph, and a control channel to the supervisor; then:
+
+* ``ready()`` is sent to the supervisor when the node calls it (sockets connected, state
+  restored), so dependents start only after that;
+* heartbeats carry the bus counters (messages, gaps, depths) and ``bus.status``;
+* on ``Stop`` (or SIGTERM) ``bus.stopping`` is set and reliable subscriptions leave, so a node's
+  input loop ends after draining; the runtime then waits until everything the node published
+  reliably was acknowledged, and exits 0;
+* if ``run`` raises, a :class:`Failure` with the exception goes to the supervisor before the
+  process exits 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import traceback
+from dataclasses import asdict, dataclass, field
+
+import zmq
+
+from pipeline import codec
+from pipeline import config as configlib
+from pipeline.bus import Bus, TopicSpec
+from pipeline.graph import resolve_kind
+from pipeline.messages import Failure, Finished, Heartbeat, Hello, Peers, Ready, Stop
+from pipeline.sockets import SocketFactory, send_now
+
+log = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_FAILED = 0, 1
+
+
+@dataclass
+class Launch:
+    """Everything one node instance needs to start; written as JSON by the supervisor."""
+
+    instance: str  # "<node>.<replica>", stable across restarts
+    incarnation: str  # unique per start, e.g. "transformer.0~3"
+    node: str
+    replica: int
+    kind: str
+    config: dict
+    topics: dict  # topic -> {"delivery", "hwm"}
+    bind: dict  # topic or service -> endpoint this incarnation binds
+    consumer_groups: dict  # topic -> groups that consume it
+    run_dir: str
+    device: str = "cpu"
+    control: str | None = None  # supervisor endpoint; None in-loop
+    peers: dict = field(default_factory=lambda: {"topics": {}, "services": {}})
+    heartbeat_s: float = 1.0
+    grace_s: float = 15.0
+    resume: str | None = None  # checkpoint directory to restore from, if resuming
+
+    def dump(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(asdict(self), f, indent=1)
+
+    @classmethod
+    def read(cls, path: str) -> Launch:
+        with open(path) as f:
+            return cls(**json.load(f))
+
+
+@dataclass
+class NodeContext:
+    """What a node may want to know about where it runs."""
+
+    node: str
+    instance: str
+    replica: int
+    run_dir: str
+    device: str
+    resume: str | None
+
+
+class NodeFailed(Exception):
+    pass
+
+
+async def run_instance(launch: Launch, sockets: SocketFactory | None = None,
+                       stop: asyncio.Event | None = None) -> dict:
+    """Run one node instance to completion; return its summary or raise NodeFailed."""
+    run_fn, config_cls = resolve_kind(launch.kind)
+    config = configlib.build(config_cls, launch.config) if config_cls else dict(launch.config)
+    sockets = sockets or SocketFactory()
+    topics = {name: TopicSpec(**spec) for name, spec in launch.topics.items()}
+    bus = Bus(launch.incarnation, launch.node, topics, launch.bind, launch.consumer_groups,
+              sockets=sockets)
+    bus.context = NodeContext(launch.node, launch.instance, launch.replica, launch.run_dir,
+                              launch.device, launch.resume)
+    if stop is not None:
+        bus.stopping = stop
+    control = _Control(launch, bus, sockets)
+    try:
+        bus.bind_all()  # eagerly, so the supervisor can tell subscribers where to connect
+        await control.start()
+
+        def ready() -> None:
+            control.send(Ready(launch.incarnation))
+
+        async with asyncio.TaskGroup() as tasks:
+            helpers = [tasks.create_task(control.listen()),
+                       tasks.create_task(control.heartbeats()),
+                       tasks.create_task(_leave_on_stop(bus))]
+            try:
+                summary = await run_fn(config, bus, ready)
+                if not await bus.flush(launch.grace_s):
+                    log.error("%s: reliable messages still unacknowledged after %.0fs",
+                              launch.incarnation, launch.grace_s)
+            finally:
+                for helper in helpers:
+                    helper.cancel()
+        summary = summary if isinstance(summary, dict) else {}
+        control.send(Finished(launch.incarnation, _plain(summary)))
+        return summary
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:  # report why before dying: heartbeats only catch hangs
+        error = _describe(exc)
+        log.error("%s failed: %s", launch.incarnation, error, exc_info=exc)
+        control.send(Failure(launch.incarnation, error, traceback.format_exc()))
+        raise NodeFailed(error) from exc
+    finally:
+        bus.close()
+        sockets.close_all()
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return _describe(exc.exceptions[0])
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _plain(value):
+    """Summaries travel in msgpack maps: keep only plain data."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, int | float | str | bool) or value is None:
+        return value
+    return str(value)
+
+
+async def _leave_on_stop(bus: Bus) -> None:
+    await bus.stopping.wait()
+    bus.leave_all()
+
+
+class _Control:
+    """The node's DEALER to the supervisor (absent in-loop, where peers are given up front)."""
+
+    def __init__(self, launch: Launch, bus: Bus, sockets: SocketFactory):
+        self.launch, self.bus = launch, bus
+        self.sock = None
+        if launch.control:
+            self.sock = sockets.make(zmq.DEALER, hwm=0,
+                                     routing_id=launch.incarnation.encode())
+            self.sock.connect(launch.control)
+
+    def send(self, msg) -> None:
+        if self.sock is not None and not self.sock.closed:
+            send_now(self.sock, codec.encode(msg, self.launch.incarnation))
+
+    async def start(self) -> None:
+        if self.sock is None:
+            self.bus.set_peers(**self.launch.peers)
+            return
+        self.send(Hello(self.launch.incarnation, os.getpid(), self.bus.bound_endpoints()))
+        # The supervisor answers Hello with the current peers; nothing can be wired before.
+        while True:
+            msg = await self._recv()
+            if isinstance(msg, Peers):
+                self.bus.set_peers(msg.topics, msg.services, msg.gone)
+                return
+            self._handle(msg)
+
+    async def _recv(self):
+        frames = await self.sock.recv_multipart(copy=False)
+        return codec.decode(frames).message
+
+    async def listen(self) -> None:
+        if self.sock is None:
+            await asyncio.Event().wait()
+        while True:
+            try:
+                msg = await self._recv()
+            except codec.ProtocolError as exc:
+                log.warning("%s: malformed control message: %s", self.launch.incarnation, exc)
+                continue
+            self._handle(msg)
+
+    def _handle(self, msg) -> None:
+        if isinstance(msg, Peers):
+            self.bus.set_peers(msg.topics, msg.services, msg.gone)
+        elif isinstance(msg, Stop):
+            log.info("%s: stop requested (%s)", self.launch.incarnation, msg.reason)
+            self.bus.stopping.set()
+
+    async def heartbeats(self) -> None:
+        if self.sock is None:
+            await asyncio.Event().wait()
+        while True:
+            self.send(Heartbeat(self.launch.incarnation, self.bus.stats(),
+                                _plain(self.bus.status)))
+            await asyncio.sleep(self.launch.heartbeat_s)  # a period, not a synchronization
+
+
+def configure_logging(log_path: str | None, instance: str) -> None:
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_path:
+        handlers = [logging.FileHandler(log_path)]
+    logging.basicConfig(level=logging.INFO, handlers=handlers, force=True,
+                        format=f"%(asctime)s {instance} %(levelname)s %(name)s: %(message)s")
+
+
+def process_main(launch_path: str, log_path: str | None = None) -> int:
+    """Entry point of a node process (``run.py node LAUNCH_JSON``)."""
+    import uvloop
+
+    launch = Launch.read(launch_path)
+    configure_logging(log_path, launch.incarnation)
+    log.info("starting %s (kind %s, pid %d)", launch.incarnation, launch.kind, os.getpid())
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        # Signal handlers only set the stop event; the node drains and exits on its own.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await run_instance(launch, stop=stop)
+        except NodeFailed:
+            return EXIT_FAILED
+        return EXIT_OK
+
+    code = uvloop.run(main())
+    log.info("%s exiting with code %d", launch.incarnation, code)
+    with contextlib.suppress(Exception):
+        logging.shutdown()
+    return code

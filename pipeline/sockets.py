@@ -1,0 +1,93 @@
+"""The one place that makes ZeroMQ sockets: linger, high-water marks, tracking, closing.
+
+Every socket a process opens comes from a :class:`SocketFactory`, which remembers it so that
+``close_all`` can close them all (LIFO) before the context is terminated: terminating a context
+with an open socket hangs, and that is the classic zmq shutdown bug.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import zmq
+import zmq.asyncio
+
+DEFAULT_LINGER_MS = 0
+
+
+class SocketFactory:
+    """Creates and tracks the sockets of one process (or one in-loop node)."""
+
+    def __init__(self, context: zmq.asyncio.Context | None = None):
+        self.context = context or zmq.asyncio.Context.instance()
+        self._sockets: list[zmq.asyncio.Socket] = []
+
+    def make(self, kind: int, *, hwm: int | None = None, linger_ms: int = DEFAULT_LINGER_MS,
+             **options) -> zmq.asyncio.Socket:
+        sock = self.context.socket(kind)
+        sock.setsockopt(zmq.LINGER, linger_ms)
+        if hwm is not None:
+            sock.setsockopt(zmq.SNDHWM, hwm)
+            sock.setsockopt(zmq.RCVHWM, hwm)
+        for name, value in options.items():
+            sock.setsockopt(getattr(zmq, name.upper()), value)
+        self._sockets.append(sock)
+        return sock
+
+    def close(self, sock: zmq.asyncio.Socket) -> None:
+        if sock in self._sockets:
+            self._sockets.remove(sock)
+        sock.close(linger=0)
+
+    def close_all(self) -> None:
+        while self._sockets:
+            self._sockets.pop().close(linger=0)
+
+    @property
+    def open_count(self) -> int:
+        return len(self._sockets)
+
+
+def socket_dir(key: str) -> str:
+    """A short directory for ``ipc://`` files: unix socket paths are limited to ~107 bytes,
+    and run directories are often longer than that."""
+    path = os.path.join(tempfile.gettempdir(), f"conduit-{key}")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def bind(sock: zmq.Socket, endpoint: str) -> str:
+    """Bind, removing a stale ipc file a killed process left behind; return the real endpoint."""
+    if endpoint.startswith("ipc://"):
+        path = endpoint[len("ipc://"):]
+        if os.path.exists(path):
+            os.unlink(path)
+    sock.bind(endpoint)
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def send_now(sock: zmq.asyncio.Socket, frames: list, copy: bool = False) -> None:
+    """Send without waiting, through the asyncio socket itself.
+
+    Why not a plain shadow socket: zmq's file descriptor is edge-triggered, and a send made
+    behind zmq.asyncio's back can swallow the wake-up a pending ``recv`` is waiting for.
+    Raises ``zmq.Again`` when the message cannot be queued, ``zmq.ZMQError`` otherwise.
+    """
+    future = sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=copy)
+    if not future.done():  # only when other sends are already waiting: keep FIFO order
+        return
+    error = future.exception()
+    if error is not None:
+        raise error
+
+
+def recv_now(sock: zmq.asyncio.Socket, copy: bool = False) -> list | None:
+    """Receive one message if one is waiting, else None (see :func:`send_now` for why)."""
+    future = sock.recv_multipart(flags=zmq.NOBLOCK, copy=copy)
+    error = future.exception()
+    if isinstance(error, zmq.Again):
+        return None
+    if error is not None:
+        raise error
+    return future.result()

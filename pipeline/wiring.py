@@ -1,0 +1,65 @@
+"""Wiring: which endpoint each node instance binds, and who connects to whom.
+
+This is the system diagram in code. Placement (own process or a task in a shared loop) is a
+separate decision made by :mod:`pipeline.supervisor` and :mod:`pipeline.inloop`; both build
+their :class:`~pipeline.node.Launch` objects here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from pipeline.graph import Graph
+from pipeline.node import Launch
+from pipeline.sockets import socket_dir
+
+
+def run_socket_dir(run_dir: str) -> str:
+    """Short per-run directory for ipc sockets (unix socket paths are length-limited)."""
+    key = hashlib.sha1(os.path.abspath(run_dir).encode()).hexdigest()[:10]
+    return socket_dir(key)
+
+
+def endpoint(graph: Graph, sock_dir: str, incarnation: str, name: str) -> str:
+    if graph.run.transport == "tcp":
+        return "tcp://127.0.0.1:*"  # the OS picks a port; the bound endpoint is reported back
+    return f"ipc://{sock_dir}/{incarnation}.{name}"
+
+
+def make_launch(graph: Graph, node_name: str, replica: int, generation: int, run_dir: str,
+                sock_dir: str, control: str | None, *, kind: str | None = None,
+                config: dict | None = None, resume: str | None = None) -> Launch:
+    node = graph.nodes[node_name]
+    instance = f"{node_name}.{replica}"
+    incarnation = f"{instance}~{generation}"
+    bind = {name: endpoint(graph, sock_dir, incarnation, name)
+            for name in (*node.publishes, *node.serves)}
+    return Launch(
+        instance=instance,
+        incarnation=incarnation,
+        node=node_name,
+        replica=replica,
+        kind=kind or node.kind,
+        config=dict(node.config if config is None else config),
+        topics={t.name: {"delivery": t.delivery, "hwm": t.hwm} for t in graph.topics.values()},
+        bind=bind,
+        consumer_groups={t: graph.consumer_groups(t) for t in node.publishes},
+        run_dir=run_dir,
+        device=node.device,
+        control=control,
+        heartbeat_s=graph.run.heartbeat_s,
+        grace_s=graph.run.grace_s,
+        resume=resume,
+    )
+
+
+def peers(graph: Graph, launches: list[Launch]) -> dict:
+    """Endpoints of every live publisher per topic and server per service."""
+    topics: dict[str, list[str]] = {t: [] for t in graph.topics}
+    services: dict[str, list[str]] = {s: [] for s in graph.services}
+    for launch in launches:
+        node = graph.nodes[launch.node]
+        for name, ep in launch.bind.items():
+            (topics if name in node.publishes else services)[name].append(ep)
+    return {"topics": topics, "services": services}
