@@ -1,0 +1,191 @@
+"""Time to reach a reference task's threshold: Conduit's reference trainer vs Stable-Baselines3.
+
+    python bench/learning.py ALGO ENV [--seed N] [--threads N] [--no-sb3]
+
+Both runs use the hyperparameters of ``algorithms.presets`` (mapped onto SB3's names), the same
+env-step budget, and the same greedy evaluation (10 episodes every ``eval_interval`` env steps,
+evaluation time excluded from the clock). Each stops at the first evaluation that reaches the
+threshold. The last line printed is one JSON object; ``ratio`` is ours / SB3 wall-clock seconds
+to the threshold (null when either run did not reach it or SB3 has no counterpart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import algorithms  # noqa: E402
+from algorithms.data import AlgStep  # noqa: E402
+from algorithms.presets import Preset, get_preset  # noqa: E402
+from algorithms.sync_trainer import TrainerConfig, evaluate, make_vector_env, train  # noqa: E402
+
+
+def run_ours(p: Preset, seed: int, threads: int) -> dict:
+    env = make_vector_env(p.env_id, 1)
+    alg = algorithms.make(p.algo, env.single_observation_space, env.single_action_space,
+                          **p.algorithm)
+    env.close()
+    cfg = TrainerConfig.from_kwargs(**{**p.trainer, "num_env_steps": p.budget,
+                                       "threshold": p.threshold, "stop_at_threshold": True,
+                                       "num_threads": threads})
+    r = train(alg, p.env_id, cfg, seed=seed,
+              log=lambda s: print(f"[conduit] {s}", flush=True))
+    return {"reached": r.reached_at_steps is not None, "env_steps": r.reached_at_steps,
+            "seconds": r.reached_at_seconds, "best_return": r.best_return,
+            "total_env_steps": r.env_steps, "total_seconds": round(r.train_seconds, 2)}
+
+
+class _Sb3Policy:
+    """Adapter so ``sync_trainer.evaluate`` can run an SB3 model greedily."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def get_initial_state(self, batch_size):
+        return ()
+
+    def predict_step(self, time_step, state=()):
+        action, _ = self.model.predict(np.asarray(time_step.observation), deterministic=True)
+        return AlgStep(output=action, state=state)
+
+
+def _sb3_model(p: Preset, env, seed: int):
+    import stable_baselines3 as sb3
+    from stable_baselines3.common.noise import NormalActionNoise, OrnsteinUhlenbeckActionNoise
+
+    a, t = p.algorithm, p.trainer
+    n = t.get("num_envs", 1)
+    common = dict(seed=seed, device="cpu", verbose=0)
+    if p.algo == "dqn":
+        return sb3.DQN(
+            "MlpPolicy", env, learning_rate=a["learning_rate"], gamma=a["gamma"],
+            buffer_size=t["replay_buffer_length"] * n, learning_starts=t["initial_collect_steps"],
+            batch_size=t["mini_batch_size"], tau=1.0, train_freq=t["unroll_length"],
+            gradient_steps=t["num_updates_per_train_iter"],
+            # our target period counts gradient steps; SB3's counts env steps
+            target_update_interval=a["target_update_period"] * t["unroll_length"] * n
+            // t["num_updates_per_train_iter"],
+            exploration_fraction=a["epsilon_decay_steps"] / p.budget,
+            exploration_final_eps=a["rollout_epsilon_greedy"], max_grad_norm=10.0,
+            policy_kwargs=dict(net_arch=list(a["fc_layer_params"])), **common)
+    if p.algo == "sac":
+        if p.env_id == "CartPole-v1":
+            return None  # SB3's SAC has no discrete-action version
+        return sb3.SAC(
+            "MlpPolicy", env, learning_rate=a["actor_learning_rate"], gamma=a["gamma"],
+            buffer_size=t["replay_buffer_length"] * n, learning_starts=t["initial_collect_steps"],
+            batch_size=t["mini_batch_size"], tau=a["target_update_tau"], train_freq=1,
+            gradient_steps=t["num_updates_per_train_iter"], ent_coef="auto",
+            policy_kwargs=dict(net_arch=list(a["actor_fc_layer_params"])), **common)
+    if p.algo in ("td3", "ddpg"):
+        dim = env.action_space.shape[0]
+        if a.get("exploration_noise", "ou") == "gaussian":
+            noise = NormalActionNoise(np.zeros(dim), a["ou_stddev"] * np.ones(dim))
+        else:  # our OU step is x += -damping * x + stddev * N(0, 1), i.e. dt = 1
+            noise = OrnsteinUhlenbeckActionNoise(np.zeros(dim), a["ou_stddev"] * np.ones(dim),
+                                                 theta=a["ou_damping"], dt=1.0)
+        kw = dict(learning_rate=a["actor_learning_rate"], gamma=a["gamma"],
+                  buffer_size=t["replay_buffer_length"] * n,
+                  learning_starts=t["initial_collect_steps"], batch_size=t["mini_batch_size"],
+                  tau=a["target_update_tau"], train_freq=1,
+                  gradient_steps=t["num_updates_per_train_iter"], action_noise=noise,
+                  policy_kwargs=dict(net_arch=list(a["actor_fc_layer_params"])), **common)
+        if p.algo == "td3":
+            return sb3.TD3("MlpPolicy", env, policy_delay=2, target_policy_noise=0.2,
+                           target_noise_clip=0.5, **kw)
+        return sb3.DDPG("MlpPolicy", env, **kw)
+    net = dict(pi=list(a["actor_fc_layer_params"]), vf=list(a["value_fc_layer_params"]))
+    if p.algo == "ppo":
+        return sb3.PPO(
+            "MlpPolicy", env, learning_rate=a["learning_rate"], n_steps=t["unroll_length"],
+            batch_size=a["mini_batch_size"], n_epochs=a["num_epochs"], gamma=a["gamma"],
+            gae_lambda=a["td_lambda"], clip_range=a["importance_ratio_clipping"],
+            ent_coef=a["entropy_regularization"], vf_coef=a["td_loss_weight"],
+            max_grad_norm=0.5, policy_kwargs=dict(net_arch=net), **common)
+    if p.algo == "a2c":
+        return sb3.A2C(
+            "MlpPolicy", env, learning_rate=a["learning_rate"], n_steps=t["unroll_length"],
+            gamma=a["gamma"], gae_lambda=a["td_lambda"] if a.get("use_gae") else 1.0,
+            ent_coef=a["entropy_regularization"], vf_coef=a["td_loss_weight"],
+            max_grad_norm=0.5, normalize_advantage=a.get("normalize_advantages", False),
+            use_rms_prop=False, policy_kwargs=dict(net_arch=net), **common)
+    raise ValueError(p.algo)
+
+
+def run_sb3(p: Preset, seed: int, threads: int) -> dict | None:
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+
+    torch.set_num_threads(threads)
+    n = p.trainer.get("num_envs", 1)
+    env = make_vec_env(p.env_id, n_envs=n, seed=seed)
+    model = _sb3_model(p, env, seed)
+    if model is None:
+        return None
+    interval = p.trainer.get("eval_interval", 5000)
+    state = {"next": interval, "eval_time": 0.0, "evals": [], "reached": None}
+    t_start = time.perf_counter()
+
+    class EvalCallback(BaseCallback):
+        def _on_step(self) -> bool:
+            if self.num_timesteps < state["next"]:
+                return True
+            state["next"] += interval
+            t0 = time.perf_counter()
+            ret = evaluate(_Sb3Policy(self.model), p.env_id, 10, seed=10_000 + seed)
+            state["eval_time"] += time.perf_counter() - t0
+            elapsed = time.perf_counter() - t_start - state["eval_time"]
+            state["evals"].append((self.num_timesteps, elapsed, ret))
+            print(f"[sb3] steps={self.num_timesteps} time={elapsed:.1f}s eval={ret:.1f}",
+                  flush=True)
+            if ret >= p.threshold:
+                state["reached"] = (self.num_timesteps, elapsed)
+                return False
+            return True
+
+    model.learn(total_timesteps=p.budget, callback=EvalCallback())
+    total = time.perf_counter() - t_start - state["eval_time"]
+    env.close()
+    reached = state["reached"]
+    return {"reached": reached is not None, "env_steps": reached and reached[0],
+            "seconds": reached and round(reached[1], 2),
+            "best_return": max((e[2] for e in state["evals"]), default=None),
+            "total_env_steps": model.num_timesteps, "total_seconds": round(total, 2)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("algo")
+    ap.add_argument("env")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-sb3", action="store_true")
+    args = ap.parse_args(argv)
+    p = get_preset(args.algo, args.env)
+    print(f"task {args.algo} {args.env}: threshold {p.threshold} within {p.budget} env steps")
+    ours = run_ours(p, args.seed, args.threads)
+    print(f"conduit: reached={ours['reached']} env_steps={ours['env_steps']} "
+          f"seconds={ours['seconds']} best_return={ours['best_return']:.1f}")
+    sb3 = None if args.no_sb3 else run_sb3(p, args.seed, args.threads)
+    if sb3 is not None:
+        print(f"sb3: reached={sb3['reached']} env_steps={sb3['env_steps']} "
+              f"seconds={sb3['seconds']} best_return={sb3['best_return']}")
+    ratio = None
+    if sb3 and ours["reached"] and sb3["reached"]:
+        ratio = round(ours["seconds"] / max(sb3["seconds"], 1e-9), 3)
+    print(json.dumps({"algo": args.algo, "env": args.env, "seed": args.seed,
+                      "threshold": p.threshold, "budget": p.budget, "conduit": ours,
+                      "sb3": sb3, "ratio": ratio}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
