@@ -144,3 +144,76 @@ def test_dqn_n_step_loss(name, st, r, d, loss, prio):
     li = alg.calc_loss(alg.train_step(alg._experience(exp)).info)
     torch.testing.assert_close(li.loss, torch.tensor([loss]))
     torch.testing.assert_close(li.priority, torch.tensor([prio]))
+
+
+# --- SAC (discrete) and TD3 targets with constant networks ------------------------------------
+
+def _zero(module):
+    with torch.no_grad():
+        for p in module.parameters():
+            p.zero_()
+
+
+def _set_last_bias(parallel_net, per_replica):
+    with torch.no_grad():
+        parallel_net.mlp.biases[-1].copy_(torch.tensor(per_replica).view(len(per_replica), 1, -1))
+
+
+def _window(st, r, d, action, obs_dim):
+    return Experience(step_type=np.array([st]), reward=np.array([r], np.float32),
+                      discount=np.array([d], np.float32),
+                      observation=np.zeros((1, len(st), obs_dim), np.float32),
+                      prev_action=(), env_id=(), action=np.array([action]), rollout_info={})
+
+
+@pytest.mark.parametrize("discount,next_type", [(1.0, M), (0.0, L), (1.0, L)],
+                         ids=["mid", "termination", "truncation"])
+def test_discrete_sac_soft_target_and_losses(discount, next_type):
+    from algorithms.sac import SacAlgorithm
+
+    alg = SacAlgorithm(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Discrete(2),
+                       actor_fc_layer_params=(4,), critic_fc_layer_params=(4,), gamma=0.5,
+                       initial_log_alpha=0.0)
+    for m in (alg.actor_network, alg.critic_networks, alg.target_critic_networks):
+        _zero(m)
+    with torch.no_grad():
+        alg.actor_network.head.bias.copy_(torch.tensor([0.0, math.log(3.0)]))  # pi = [.25, .75]
+    for net in (alg.critic_networks, alg.target_critic_networks):
+        _set_last_bias(net, [[1.0, 2.0], [1.5, 3.0]])  # min over replicas: Q = [1, 2]
+    p = [0.25, 0.75]
+    v_next = sum(pi * (q - math.log(pi)) for pi, q in zip(p, [1.0, 2.0], strict=True))  # alpha=1
+    target = 1.0 + 0.5 * discount * v_next
+    critic = (target - 1.0) ** 2 + (target - 1.5) ** 2  # Q_i(s, a=0) = [1, 1.5]
+    actor = sum(pi * (math.log(pi) - q) for pi, q in zip(p, [1.0, 2.0], strict=True))
+    exp = _window([M, int(next_type)], [0.0, 1.0], [1.0, discount], [0, 0], 2)
+    info = alg.train_step(alg._experience(exp)).info
+    li = alg.calc_loss(info)
+    torch.testing.assert_close(info["target_value"][0, 1], torch.tensor(v_next))
+    torch.testing.assert_close(li.extra["loss/critic"], torch.tensor([critic]))
+    torch.testing.assert_close(li.extra["loss/actor"], torch.tensor([actor]))
+    torch.testing.assert_close(li.loss, torch.tensor([critic + actor]))
+    entropy = -sum(pi * math.log(pi) for pi in p)
+    torch.testing.assert_close(li.scalar_loss, torch.tensor(0.0 * (entropy - alg.target_entropy)))
+
+
+@pytest.mark.parametrize("discount,next_type,critic", [
+    (1.0, M, 1.25 ** 2 + 1.75 ** 2),   # target = 2 + .5 * min(1.0, 0.5) = 2.25
+    (1.0, L, 1.25 ** 2 + 1.75 ** 2),   # truncation: still bootstraps from the final observation
+    (0.0, L, 1.0 ** 2 + 1.5 ** 2),     # termination: target = 2
+], ids=["mid", "truncation", "termination"])
+def test_td3_clipped_double_q_target(discount, next_type, critic):
+    import algorithms
+
+    alg = algorithms.make("td3", gym.spaces.Box(-1, 1, (3,), np.float32),
+                          gym.spaces.Box(-2, 2, (1,), np.float32), actor_fc_layer_params=(4,),
+                          critic_fc_layer_params=(4,), gamma=0.5)
+    for m in (alg.actor_network, alg.critic_networks, alg.target_critic_networks,
+              alg.target_actor_network):
+        _zero(m)
+    for net in (alg.critic_networks, alg.target_critic_networks):
+        _set_last_bias(net, [[1.0], [0.5]])  # Q does not depend on the (noisy) action
+    exp = _window([M, int(next_type)], [0.0, 2.0], [1.0, discount], [[0.0], [0.0]], 3)
+    li = alg.calc_loss(alg.train_step(alg._experience(exp)).info)
+    torch.testing.assert_close(li.extra["loss/critic"], torch.tensor([critic]))
+    # train_steps = 0 is an actor step: actor loss = -Q_1(s, mu(s)) = -1
+    torch.testing.assert_close(li.extra["loss/actor"], torch.tensor([-1.0]))
