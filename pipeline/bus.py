@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import logging
 import struct
@@ -241,6 +242,9 @@ class ReliablePublisher:
             self._drained.set()
 
     def close(self) -> None:
+        # Tell members nothing more is coming, so a draining subscriber need not wait for us.
+        for routing_id in list(self._by_id):
+            self._send_ctrl(routing_id, _LEAVE_ACK, LeaveAck(self.topic))
         self._task.cancel()
         self.tap.close()
         self.bus.sockets.close(self.sock)
@@ -413,10 +417,8 @@ class _Tap:
     def mirror(self, topic: str, frames: list) -> None:
         self.subscribers = _count_subscriptions(self.sock, self.subscribers)
         if self.subscribers:
-            try:
+            with contextlib.suppress(zmq.Again):
                 send_now(self.sock, [topic.encode(), *frames])
-            except zmq.Again:
-                pass
 
     def close(self) -> None:
         self.bus.sockets.close(self.sock)

@@ -16,6 +16,7 @@ Tuples are kept apart from lists by another extension so nested tuples round-tri
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 import warnings
 from typing import Any, NamedTuple
@@ -24,11 +25,6 @@ import msgpack
 import numpy as np
 
 from pipeline.messages import SCHEMA_VERSION, message_class
-
-try:  # torch is optional for the pipeline itself
-    import torch
-except ImportError:  # pragma: no cover - torch is a project dependency
-    torch = None
 
 # Arrays decoded from zmq frames are read-only views; torch warns about that on every
 # conversion. Receivers that need to write copy explicitly.
@@ -60,6 +56,7 @@ def encode(msg: Any, sender: str = "", seq: int = 0) -> list:
     def default(obj):
         if isinstance(obj, np.ndarray):
             return _array_ext(obj, buffers, is_torch=False)
+        torch = sys.modules.get("torch")  # a process without torch has no tensors to send
         if torch is not None and isinstance(obj, torch.Tensor):
             return _tensor_ext(obj, buffers)
         if isinstance(obj, tuple):
@@ -96,6 +93,8 @@ def _array_ext(arr: np.ndarray, buffers: list, is_torch: bool, dtype_tag: str | 
 
 
 def _tensor_ext(tensor, buffers: list):
+    import torch
+
     tensor = tensor.detach()
     if tensor.device.type != "cpu":
         tensor = tensor.cpu()
@@ -190,8 +189,8 @@ def _decode_array(data, views, used):
     arr = np.frombuffer(buffer, dtype=dtype, count=count).reshape(shape)
     if not is_torch:
         return arr
-    if torch is None:  # pragma: no cover
-        raise ProtocolError("torch tensor received but torch is not installed")
+    import torch  # only processes that receive tensors pay for importing torch
+
     tensor = torch.from_numpy(arr)
     return tensor.view(torch.bfloat16) if bf16 else tensor
 

@@ -15,7 +15,6 @@ import importlib
 import pkgutil
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 import yaml
 

@@ -1,0 +1,301 @@
+"""Command-line interface behind ``run.py`` (see its docstring for the commands)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import sys
+import time
+
+import yaml
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+COMMANDS = ("run", "status", "monitor", "stop", "restart", "swap", "scale", "plot", "node",
+            "checkpoint")
+
+
+class UsageError(Exception):
+    """A user mistake: printed as one line, exit code 2."""
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "node":  # the hot path of every node process: no argparse
+        from pipeline.node import process_main
+
+        return process_main(argv[1], argv[2] if len(argv) > 2 else None)
+    if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
+        argv = ["run", *argv]  # `python run.py graph.yaml` is the main form
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return EXIT_USAGE
+        return args.func(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, no usage dump
+        raise UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="run.py", description="Conduit: RL training as a graph of processes.")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+
+    r = sub.add_parser("run", help="run a graph")
+    r.add_argument("graph", nargs="?", help="graph YAML file")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a graph value, e.g. nodes.learner.config.lr=0.001")
+    r.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoint")
+    r.add_argument("--run-dir", help="use this run directory instead of runs/<name>/<time>")
+    r.add_argument("--quiet", action="store_true", help="no progress line")
+    r.set_defaults(func=cmd_run)
+
+    for name, helptext in [("status", "show per-node state"), ("stop", "stop a run"),
+                           ("checkpoint", "ask the checkpointer for a checkpoint now")]:
+        s = sub.add_parser(name, help=helptext)
+        s.add_argument("run_dir")
+        s.add_argument("--json", action="store_true", help="print raw JSON")
+        s.set_defaults(func=cmd_control_simple)
+
+    s = sub.add_parser("restart", help="restart a node (make-before-break)")
+    s.add_argument("run_dir")
+    s.add_argument("node")
+    s.set_defaults(func=cmd_restart)
+
+    s = sub.add_parser("swap", help="replace a node's config or kind while the run goes on")
+    s.add_argument("run_dir")
+    s.add_argument("node")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config key of the node to change")
+    s.add_argument("--kind", help="new node kind")
+    s.set_defaults(func=cmd_swap)
+
+    s = sub.add_parser("scale", help="change a node's replica count")
+    s.add_argument("run_dir")
+    s.add_argument("node")
+    s.add_argument("replicas", type=int)
+    s.set_defaults(func=cmd_scale)
+
+    m = sub.add_parser("monitor", help="watch a live run")
+    m.add_argument("run_dir")
+    m.add_argument("--topic", action="append", default=[], help="print messages of a topic")
+    m.add_argument("--interval", type=float, default=2.0)
+    m.add_argument("--count", type=int, default=0, help="stop after N refreshes/messages")
+    m.set_defaults(func=cmd_monitor)
+
+    pl = sub.add_parser("plot", help="plot returns of one or more runs to a PNG")
+    pl.add_argument("run_dirs", nargs="+")
+    pl.add_argument("--out", help="PNG path (default: RUN_DIR/returns.png)")
+    pl.set_defaults(func=cmd_plot)
+    return p
+
+
+# --- run ---------------------------------------------------------------------------------------
+
+
+def cmd_run(args) -> int:
+    from pipeline import graph as graphlib
+
+    if args.resume:
+        run_dir = args.resume
+        graph_path = os.path.join(run_dir, "graph.yaml")
+        if not os.path.exists(graph_path):
+            raise UsageError(f"{run_dir}: not a run directory (no graph.yaml)")
+        if args.graph:
+            raise UsageError("give either GRAPH or --resume RUN_DIR, not both")
+    elif not args.graph:
+        raise UsageError("missing GRAPH (a YAML file), e.g. python run.py graphs/demo_counter.yaml")
+    else:
+        graph_path = args.graph
+    try:
+        graph = graphlib.load(graph_path, args.set)
+    except graphlib.GraphError as exc:
+        raise UsageError(str(exc)) from None
+    if args.resume:
+        resume = latest_checkpoint(run_dir)
+    else:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")[:-3]
+        run_dir = args.run_dir or os.path.join(graph.run.directory, graph.name, stamp)
+        resume = None
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "graph.yaml"), "w") as f:
+        yaml.safe_dump(graph.raw, f, sort_keys=False)
+    return _supervise(graph, run_dir, resume, quiet=args.quiet)
+
+
+def latest_checkpoint(run_dir: str) -> str | None:
+    """Newest checkpoint directory that was completely written (has its COMPLETE marker)."""
+    root = os.path.join(run_dir, "checkpoints")
+    if not os.path.isdir(root):
+        return None
+    done = sorted(d for d in os.listdir(root)
+                  if os.path.exists(os.path.join(root, d, "COMPLETE")))
+    return os.path.join(root, done[-1]) if done else None
+
+
+def _supervise(graph, run_dir: str, resume: str | None, quiet: bool) -> int:
+    import logging
+
+    import uvloop
+
+    from pipeline.supervisor import Supervisor
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s",
+                        handlers=[logging.FileHandler(os.path.join(run_dir, "supervisor.log"))])
+    print(f"run directory: {run_dir}", file=sys.stderr)
+    if resume:
+        print(f"resuming from {resume}", file=sys.stderr)
+
+    async def go() -> int:
+        sup = Supervisor(graph, run_dir, resume=resume)
+        code = await sup.run(progress=None if quiet else _progress)
+        if sup.failure:
+            print(f"\nerror: {sup.failure}", file=sys.stderr)
+        else:
+            print(f"\nrun finished: {run_dir}", file=sys.stderr)
+        return code
+
+    return uvloop.run(go())
+
+
+async def _progress(sup) -> None:
+    """One progress line, rewritten in place on a terminal, every few seconds otherwise."""
+    tty = sys.stderr.isatty()
+    while True:
+        await asyncio.sleep(1.0 if tty else 10.0)  # a display period
+        status = await sup.cmd_status()
+        line = format_progress(status)
+        if tty:
+            print("\r" + line[: os.get_terminal_size().columns - 1].ljust(60), end="",
+                  file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+
+def format_progress(status: dict) -> str:
+    parts = [f"[{status['uptime_s']:7.1f}s]"]
+    for instance, info in status["nodes"].items():
+        shown = {k: v for k, v in (info.get("status") or {}).items()
+                 if isinstance(v, int | float) and not isinstance(v, bool)}
+        numbers = " ".join(f"{k}={_short(v)}" for k, v in list(shown.items())[:3])
+        parts.append(f"{instance}:{info['state']}" + (f" {numbers}" if numbers else ""))
+    return " | ".join(parts)
+
+
+def _short(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return f"{v / 1000:.1f}k" if abs(v) >= 10000 else str(v)
+
+
+# --- control commands -----------------------------------------------------------------------
+
+
+def control(run_dir: str, command: str, timeout: float = 120.0, **kwargs) -> dict:
+    """Send one command to a run's supervisor; return its result or raise UsageError."""
+    import zmq
+
+    from pipeline import codec
+    from pipeline.messages import ControlRequest
+
+    info_path = os.path.join(run_dir, "endpoints.json")
+    try:
+        with open(info_path) as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        raise UsageError(f"{run_dir}: not a run directory with a live supervisor "
+                         f"(no endpoints.json)") from None
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(info["control"])
+        sock.send_multipart(codec.encode(ControlRequest(command, kwargs), "cli"))
+        if not sock.poll(int(timeout * 1000)):
+            raise UsageError(f"{run_dir}: supervisor did not answer {command!r} within "
+                             f"{timeout:.0f}s (is the run still going?)")
+        reply = codec.decode(sock.recv_multipart()).message
+    finally:
+        sock.close(linger=0)
+    if not reply.ok:
+        raise UsageError(f"{command}: {reply.reason}")
+    return reply.result
+
+
+def cmd_control_simple(args) -> int:
+    result = control(args.run_dir, args.command, timeout=10 if args.command == "status" else 600)
+    if args.command == "status" and not args.json:
+        print(format_status(result))
+    else:
+        print(json.dumps(result, indent=1))
+    return EXIT_OK
+
+
+def format_status(status: dict) -> str:
+    lines = [f"graph {status['graph']}  up {status['uptime_s']}s  {status['run_dir']}"]
+    for instance, info in status["nodes"].items():
+        counters = " ".join(f"{k}={v}" for k, v in (info.get("status") or {}).items())
+        lines.append(f"  {instance:<22} {info['state']:<10} pid={info['pid']} "
+                     f"restarts={info['restarts']} {counters}")
+        for topic, stats in (info.get("topics") or {}).items():
+            if stats:
+                lines.append(f"      {topic:<24} " + " ".join(f"{k}={v}" for k, v in
+                                                             stats.items()))
+    return "\n".join(lines)
+
+
+def cmd_restart(args) -> int:
+    print(json.dumps(control(args.run_dir, "restart", node=args.node, timeout=600)))
+    return EXIT_OK
+
+
+def cmd_swap(args) -> int:
+    for item in args.set:
+        if "=" not in item:
+            raise UsageError(f"--set expects key=value, got {item!r}")
+    result = control(args.run_dir, "swap", node=args.node, kind=args.kind, set=args.set,
+                     timeout=600)
+    print(json.dumps(result))
+    return EXIT_OK
+
+
+def cmd_scale(args) -> int:
+    print(json.dumps(control(args.run_dir, "scale", node=args.node, replicas=args.replicas,
+                             timeout=600)))
+    return EXIT_OK
+
+
+def cmd_monitor(args) -> int:
+    from pipeline.monitor import monitor
+
+    return monitor(args.run_dir, topics=args.topic, interval=args.interval, count=args.count,
+                   control=control)
+
+
+def cmd_plot(args) -> int:
+    from pipeline.plot import plot_runs
+
+    for run_dir in args.run_dirs:
+        if not os.path.isdir(run_dir):
+            raise UsageError(f"{run_dir}: no such run directory")
+    out = args.out or os.path.join(args.run_dirs[0], "returns.png")
+    try:
+        plot_runs(args.run_dirs, out)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(out)
+    return EXIT_OK
+
+
+def now() -> float:
+    return time.time()

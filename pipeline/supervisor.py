@@ -1,0 +1,528 @@
+"""The supervisor: one OS process per node replica, watched, restarted, swapped, stopped.
+
+Shaped like Circus: one :class:`Watcher` task per replica with its own restart policy, no global
+lock; control commands are handled one function each and answered with data; every lifecycle
+event is published on ``supervisor.<node>.<event>`` (and appended to ``events.jsonl``).
+
+Start: nodes start in :meth:`Graph.start_order` waves; a wave starts when the previous one said
+ready. Stop: :meth:`Graph.stop_order` waves, producers first, each node drained gracefully, then
+SIGKILL after ``grace_s``. Nothing is left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+
+import yaml
+import zmq
+
+from pipeline import codec, wiring
+from pipeline import config as configlib
+from pipeline.graph import Graph, resolve_kind
+from pipeline.messages import (
+    ControlReply,
+    ControlRequest,
+    Failure,
+    Finished,
+    Heartbeat,
+    Hello,
+    Lifecycle,
+    Peers,
+    Ready,
+    Stop,
+)
+from pipeline.node import Launch
+from pipeline.sockets import SocketFactory, bind, send_now
+
+log = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_NODE_FAILED = 0, 1
+
+
+class RunFailed(Exception):
+    """The run cannot go on (e.g. a node in a crash loop); the message names node and log."""
+
+
+@dataclass
+class Incarnation:
+    """One started process of a replica."""
+
+    launch: Launch
+    process: asyncio.subprocess.Process | None = None
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+    finished: bool = False  # its run() returned normally
+    failure: str = ""
+    last_heartbeat: float = 0.0
+    heartbeat: dict = field(default_factory=dict)
+    endpoints: dict = field(default_factory=dict)
+    returncode: int | None = None
+    started_at: float = field(default_factory=time.monotonic)
+
+
+class Watcher:
+    """Keeps one replica (``<node>.<replica>``) running according to its restart policy."""
+
+    def __init__(self, sup: Supervisor, node: str, replica: int, kind: str | None = None,
+                 config: dict | None = None):
+        self.sup, self.node, self.replica = sup, node, replica
+        self.instance = f"{node}.{replica}"
+        self.kind, self.config = kind, config
+        self.current: Incarnation | None = None
+        self.failures: list[float] = []
+        self.state = "pending"
+        self.restarts = 0
+        self.stopping = False
+        self.task: asyncio.Task | None = None
+        self.done = asyncio.Event()
+
+    @property
+    def spec(self):
+        return self.sup.graph.nodes[self.node]
+
+    async def start(self) -> Incarnation:
+        """Launch one incarnation and wait until it is ready (or exits)."""
+        inc = await self.sup.launch(self)
+        self.current = inc
+        self.state = "starting"
+        self.task = asyncio.ensure_future(self._watch(inc))
+        await self.sup.wait_ready(inc)
+        self.state = "running"
+        return inc
+
+    async def _watch(self, inc: Incarnation) -> None:
+        policy = self.spec.restart
+        while True:
+            await inc.exited.wait()
+            if self.stopping or self.sup.stopping:
+                break
+            failed = not inc.finished or inc.returncode != 0
+            if inc.finished and inc.returncode == 0:
+                self.state = "finished"
+                break
+            if policy.policy == "never" or (policy.policy == "on-failure" and not failed):
+                self.state = "failed" if failed else "finished"
+                if failed:
+                    self.sup.fail(f"node {self.instance} exited with code {inc.returncode}"
+                                  f"{': ' + inc.failure if inc.failure else ''} and its restart "
+                                  f"policy is {policy.policy!r}; see {self.sup.log_path(self)}")
+                break
+            now = time.monotonic()
+            self.failures = [t for t in self.failures if now - t <= policy.window_s] + [now]
+            if len(self.failures) >= policy.max_failures:
+                self.state = "crash-loop"
+                self.sup.fail(
+                    f"node {self.instance} failed {len(self.failures)} times within "
+                    f"{policy.window_s:.0f}s (last: {inc.failure or f'exit code {inc.returncode}'}"
+                    f"); see {self.sup.log_path(self)}")
+                break
+            delay = min(policy.backoff_max_s, policy.backoff_s * 2 ** (len(self.failures) - 1))
+            self.state = "backoff"
+            await asyncio.sleep(delay)  # exponential backoff, not a synchronization
+            if self.stopping or self.sup.stopping:
+                break
+            self.restarts += 1
+            inc = await self.sup.launch(self)
+            self.current = inc
+            self.state = "starting"
+            self.sup.publish_event(self, "restarted", f"attempt {self.restarts}")
+            with contextlib.suppress(RunFailed, TimeoutError):
+                await self.sup.wait_ready(inc)
+                self.state = "running"
+        self.done.set()
+
+    async def stop(self, reason: str) -> None:
+        """Graceful stop of the current incarnation; SIGKILL after the grace period."""
+        self.stopping = True
+        if self.current is not None:
+            await self.sup.stop_incarnation(self.current, reason)
+        if self.task is not None:
+            self.task.cancel()
+        if self.state not in ("finished", "failed", "crash-loop"):
+            self.state = "stopped"
+        self.done.set()
+
+
+class Supervisor:
+    """Runs a graph as processes. Use :meth:`run` (returns an exit code)."""
+
+    def __init__(self, graph: Graph, run_dir: str, resume: str | None = None):
+        self.graph, self.run_dir, self.resume = graph, run_dir, resume
+        self.sock_dir = wiring.run_socket_dir(run_dir)
+        self.sockets = SocketFactory()
+        self.watchers: dict[str, list[Watcher]] = {n: [] for n in graph.nodes}
+        self.incarnations: dict[str, Incarnation] = {}
+        self.generation = 0
+        self.gone: list[str] = []
+        self.node_overrides: dict[str, dict] = {}
+        self.stopping = False
+        self.failure: str | None = None
+        self.stop_event = asyncio.Event()
+        self.started_at = time.monotonic()
+        os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
+        os.makedirs(os.path.join(run_dir, "launch"), exist_ok=True)
+        self._events_file = open(os.path.join(run_dir, "events.jsonl"), "a")  # noqa: SIM115
+
+    # --- endpoints --------------------------------------------------------------------------
+
+    def _bind(self) -> None:
+        transport = self.graph.run.transport
+        ctl = ("tcp://127.0.0.1:*" if transport == "tcp" else f"ipc://{self.sock_dir}/control")
+        ev = ("tcp://127.0.0.1:*" if transport == "tcp" else f"ipc://{self.sock_dir}/events")
+        self.control = self.sockets.make(zmq.ROUTER, hwm=0, router_mandatory=1)
+        self.control_endpoint = bind(self.control, ctl)
+        self.events = self.sockets.make(zmq.XPUB, hwm=1000)
+        self.events_endpoint = bind(self.events, ev)
+        info = {"control": self.control_endpoint, "events": self.events_endpoint,
+                "pid": os.getpid(), "graph": self.graph.name}
+        _write_json(os.path.join(self.run_dir, "endpoints.json"), info)
+
+    def log_path(self, watcher: Watcher) -> str:
+        return os.path.join(self.run_dir, "logs", f"{watcher.instance}.log")
+
+    # --- launching --------------------------------------------------------------------------
+
+    async def launch(self, watcher: Watcher) -> Incarnation:
+        self.generation += 1
+        launch = wiring.make_launch(self.graph, watcher.node, watcher.replica, self.generation,
+                                    self.run_dir, self.sock_dir, self.control_endpoint,
+                                    kind=watcher.kind, config=watcher.config,
+                                    resume=self.resume)
+        path = os.path.join(self.run_dir, "launch", f"{launch.incarnation}.json")
+        launch.dump(path)
+        inc = Incarnation(launch)
+        self.incarnations[launch.incarnation] = inc
+        log_file = open(self.log_path(watcher), "ab")  # noqa: SIM115 - handed to the child
+        try:
+            inc.process = await asyncio.create_subprocess_exec(
+                sys.executable, os.path.abspath(_run_py()), "node", path, self.log_path(watcher),
+                stdout=log_file, stderr=log_file, stdin=asyncio.subprocess.DEVNULL,
+                start_new_session=True)  # our SIGINT is ours to forward, not the terminal's
+        finally:
+            log_file.close()
+        self.publish_event(watcher, "started", f"pid {inc.process.pid}")
+        asyncio.ensure_future(self._reap(watcher, inc))
+        return inc
+
+    async def _reap(self, watcher: Watcher, inc: Incarnation) -> None:
+        inc.returncode = await inc.process.wait()
+        self.gone.append(inc.launch.incarnation)
+        self.incarnations.pop(inc.launch.incarnation, None)
+        inc.exited.set()
+        detail = f"code {inc.returncode}" + (f": {inc.failure}" if inc.failure else "")
+        self.publish_event(watcher, "exited", detail)
+        self.broadcast_peers()
+
+    async def wait_ready(self, inc: Incarnation) -> None:
+        ready = asyncio.ensure_future(inc.ready.wait())
+        exited = asyncio.ensure_future(inc.exited.wait())
+        try:
+            done, _ = await asyncio.wait({ready, exited}, timeout=self.graph.run.ready_timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+            exited.cancel()
+        if not inc.ready.is_set():
+            if inc.exited.is_set() and inc.finished and inc.returncode == 0:
+                return  # finished before saying ready: nothing to wait for
+            what = (f"exited with code {inc.returncode}" + (f": {inc.failure}" if inc.failure
+                                                            else "")
+                    if inc.exited.is_set() else
+                    f"was not ready after {self.graph.run.ready_timeout_s:.0f}s")
+            raise RunFailed(f"node {inc.launch.instance} {what}; see "
+                            f"{os.path.join(self.run_dir, 'logs', inc.launch.instance + '.log')}")
+
+    async def stop_incarnation(self, inc: Incarnation, reason: str) -> None:
+        if inc.exited.is_set():
+            return
+        self._send(inc.launch.incarnation, Stop(reason))
+        with contextlib.suppress(ProcessLookupError):
+            inc.process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(inc.exited.wait(), self.graph.run.grace_s)
+        except TimeoutError:
+            log.warning("%s did not stop within %.0fs: SIGKILL", inc.launch.incarnation,
+                        self.graph.run.grace_s)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(inc.process.pid, signal.SIGKILL)
+            await inc.exited.wait()
+
+    # --- control channel ------------------------------------------------------------------------
+
+    def _send(self, identity: str, msg) -> None:
+        with contextlib.suppress(zmq.ZMQError):
+            send_now(self.control, [identity.encode(), *codec.encode(msg, "supervisor")])
+
+    def peers(self) -> Peers:
+        launches = []
+        for inc in self.incarnations.values():
+            launch = inc.launch
+            if inc.endpoints:  # use what it really bound (tcp ports)
+                launch = Launch(**{**launch.__dict__, "bind": {
+                    k: v for k, v in inc.endpoints.items() if k in launch.bind}})
+            launches.append(launch)
+        p = wiring.peers(self.graph, launches)
+        return Peers(p["topics"], p["services"], self.gone[-1000:])
+
+    def broadcast_peers(self) -> None:
+        peers = self.peers()
+        for name in list(self.incarnations):
+            self._send(name, peers)
+
+    async def _serve_control(self) -> None:
+        handlers = {Hello: self._on_hello, Ready: self._on_ready, Heartbeat: self._on_heartbeat,
+                    Failure: self._on_failure, Finished: self._on_finished}
+        while True:
+            frames = await self.control.recv_multipart(copy=False)
+            identity = frames[0].bytes
+            try:
+                msg = codec.decode(frames[1:]).message
+            except codec.ProtocolError as exc:
+                log.warning("malformed control message from %r: %s", identity, exc)
+                continue
+            if isinstance(msg, ControlRequest):
+                asyncio.ensure_future(self._on_request(identity, msg))
+                continue
+            inc = self.incarnations.get(identity.decode(errors="replace"))
+            handler = handlers.get(type(msg))
+            if inc is not None and handler is not None:
+                handler(inc, msg)
+
+    def _on_hello(self, inc: Incarnation, msg: Hello) -> None:
+        inc.endpoints = msg.endpoints
+        inc.last_heartbeat = time.monotonic()
+        self.broadcast_peers()  # others learn where it is; it learns where everyone is
+
+    def _on_ready(self, inc: Incarnation, msg: Ready) -> None:
+        inc.ready.set()
+
+    def _on_heartbeat(self, inc: Incarnation, msg: Heartbeat) -> None:
+        inc.last_heartbeat = time.monotonic()
+        inc.heartbeat = {"topics": msg.topics, "status": msg.extra}
+
+    def _on_failure(self, inc: Incarnation, msg: Failure) -> None:
+        inc.failure = msg.error
+        log.error("%s failed: %s", msg.instance, msg.error)
+
+    def _on_finished(self, inc: Incarnation, msg: Finished) -> None:
+        inc.finished = True
+        inc.heartbeat.setdefault("status", {}).update(msg.summary)
+
+    async def _on_request(self, identity: bytes, req: ControlRequest) -> None:
+        handler = getattr(self, f"cmd_{req.command}", None)
+        if handler is None:
+            reply = ControlReply(False, {}, f"unknown command {req.command!r}")
+        else:
+            try:
+                reply = ControlReply(True, await handler(**req.args) or {}, "")
+            except (ValueError, KeyError, RunFailed, TypeError) as exc:
+                reply = ControlReply(False, {}, str(exc).strip("'\""))
+        with contextlib.suppress(zmq.ZMQError):
+            send_now(self.control, [identity, *codec.encode(reply, "supervisor")])
+
+    # --- commands (run.py status|stop|restart|swap|scale) ------------------------------------
+
+    async def cmd_status(self) -> dict:
+        nodes = {}
+        for name, watchers in self.watchers.items():
+            for w in watchers:
+                inc = w.current
+                nodes[w.instance] = {
+                    "state": w.state,
+                    "kind": w.kind or self.graph.nodes[name].kind,
+                    "pid": inc.process.pid if inc and inc.process else None,
+                    "incarnation": inc.launch.incarnation if inc else None,
+                    "restarts": w.restarts,
+                    "heartbeat_age_s": round(time.monotonic() - inc.last_heartbeat, 2)
+                    if inc and inc.last_heartbeat else None,
+                    **(inc.heartbeat if inc else {}),
+                }
+        peers = self.peers()
+        taps = {}
+        for inc in self.incarnations.values():
+            for key, ep in inc.endpoints.items():
+                if key.endswith(".tap"):
+                    taps.setdefault(key[:-4], []).append(ep)
+        return {"graph": self.graph.name, "run_dir": self.run_dir,
+                "uptime_s": round(time.monotonic() - self.started_at, 1), "nodes": nodes,
+                "topics": {t: {"delivery": d.delivery, "publishers": peers.topics.get(t, []),
+                               "taps": taps.get(t, [])}
+                           for t, d in self.graph.topics.items()},
+                "events": self.events_endpoint}
+
+    async def cmd_stop(self) -> dict:
+        self.stop_event.set()
+        return {"stopping": True}
+
+    async def cmd_restart(self, node: str) -> dict:
+        watchers = self._watchers_of(node)
+        for w in watchers:
+            await self._replace(w, w.kind, w.config, "restarted")
+        return {"restarted": [w.instance for w in watchers]}
+
+    async def cmd_swap(self, node: str, kind: str | None = None, config: dict | None = None,
+                       set: list | None = None) -> dict:  # noqa: A002 - the CLI flag's name
+        """Make-before-break: start the replacement, wait until ready, then stop the old one."""
+        watchers = self._watchers_of(node)
+        spec = self.graph.nodes[node]
+        new_kind = kind or watchers[0].kind or spec.kind
+        new_config = dict(config if config is not None else (watchers[0].config or spec.config))
+        for item in set or []:
+            key, _, value = item.partition("=")
+            new_config[key] = yaml.safe_load(value)
+        _, config_cls = resolve_kind(new_kind)
+        if config_cls is not None:
+            try:
+                configlib.build(config_cls, new_config)
+            except configlib.ConfigError as exc:
+                raise ValueError(f"nodes.{node}.config.{exc}") from None
+        for w in watchers:
+            await self._replace(w, new_kind, new_config, "swapped")
+        self.node_overrides[node] = {"kind": new_kind, "config": new_config}
+        return {"swapped": [w.instance for w in watchers], "kind": new_kind,
+                "config": new_config}
+
+    async def cmd_scale(self, node: str, replicas: int) -> dict:
+        watchers = self._watchers_of(node)
+        if not isinstance(replicas, int) or replicas < 1:
+            raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
+        while len(watchers) < replicas:
+            w = Watcher(self, node, len(watchers), watchers[0].kind, watchers[0].config)
+            watchers.append(w)
+            await w.start()
+        while len(watchers) > replicas:
+            w = watchers.pop()
+            await w.stop("scaled down")
+        return {"node": node, "replicas": len(watchers)}
+
+    def _watchers_of(self, node: str) -> list[Watcher]:
+        if node not in self.watchers:
+            raise ValueError(f"unknown node {node!r} (nodes: {', '.join(self.watchers)})")
+        return self.watchers[node]
+
+    async def _replace(self, old: Watcher, kind, config, event: str) -> None:
+        replacement = Watcher(self, old.node, old.replica, kind, config)
+        await replacement.start()  # ready before the old one is asked to stop
+        watchers = self.watchers[old.node]
+        watchers[watchers.index(old)] = replacement
+        replacement.restarts = old.restarts
+        await old.stop(event)
+        self.publish_event(replacement, event, replacement.current.launch.incarnation)
+
+    # --- events -------------------------------------------------------------------------------
+
+    def publish_event(self, watcher: Watcher, event: str, detail: str = "") -> None:
+        inc = watcher.current.launch.incarnation if watcher.current else watcher.instance
+        msg = Lifecycle(watcher.node, inc, event, detail)
+        topic = f"supervisor.{watcher.node}.{event}"
+        record = {"t": time.time(), "topic": topic, "instance": inc, "detail": detail}
+        self._events_file.write(json.dumps(record) + "\n")
+        self._events_file.flush()
+        with contextlib.suppress(zmq.ZMQError):
+            send_now(self.events, [topic.encode(), *codec.encode(msg, "supervisor")])
+
+    def fail(self, reason: str) -> None:
+        if self.failure is None:
+            self.failure = reason
+        self.stop_event.set()
+
+    # --- the run --------------------------------------------------------------------------------
+
+    async def _heartbeat_watchdog(self) -> None:
+        timeout = self.graph.run.heartbeat_timeout_s
+        while True:
+            await asyncio.sleep(self.graph.run.heartbeat_s)  # a period, not a synchronization
+            now = time.monotonic()
+            for inc in list(self.incarnations.values()):
+                if inc.last_heartbeat and now - inc.last_heartbeat > timeout and \
+                        not inc.exited.is_set():
+                    log.error("%s sent no heartbeat for %.0fs: killing it",
+                              inc.launch.incarnation, now - inc.last_heartbeat)
+                    inc.failure = f"no heartbeat for {now - inc.last_heartbeat:.0f}s"
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(inc.process.pid, signal.SIGKILL)
+
+    async def _watch_completion(self) -> None:
+        stop_when = self.graph.run.stop_when
+        if not stop_when:
+            await asyncio.Event().wait()
+        while True:
+            watchers = [w for n in stop_when for w in self.watchers[n]]
+            await asyncio.gather(*(w.done.wait() for w in watchers))
+            if all(w.state == "finished" for n in stop_when for w in self.watchers[n]):
+                self.stop_event.set()
+                return
+            if self.stopping:
+                return
+            # a swapped watcher was replaced; wait on the new ones
+            await asyncio.sleep(0)
+
+    async def run(self, progress=None) -> int:
+        """Start everything, wait for the end condition, stop everything. Returns exit code."""
+        self._bind()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.stop_event.set)
+        helpers = [asyncio.ensure_future(c) for c in
+                   (self._serve_control(), self._heartbeat_watchdog(), self._watch_completion())]
+        if progress is not None:
+            helpers.append(asyncio.ensure_future(progress(self)))
+        try:
+            try:
+                await self._start_all()
+            except RunFailed as exc:
+                self.fail(str(exc))
+            duration = self.graph.run.duration_s
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop_event.wait(), duration)
+        finally:
+            self.stopping = True
+            await self._stop_all()
+            for helper in helpers:
+                helper.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            self.sockets.close_all()
+            self._events_file.close()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+        if self.failure:
+            return EXIT_NODE_FAILED
+        return EXIT_OK
+
+    async def _start_all(self) -> None:
+        for wave in self.graph.start_order():
+            starts = []
+            for name in wave:
+                for r in range(self.graph.nodes[name].replicas):
+                    w = Watcher(self, name, r)
+                    self.watchers[name].append(w)
+                    starts.append(w.start())
+            await asyncio.gather(*starts)
+            if self.stop_event.is_set():
+                return
+
+    async def _stop_all(self) -> None:
+        for wave in self.graph.stop_order():
+            await asyncio.gather(*(w.stop("run ending") for n in wave
+                                   for w in self.watchers[n]))
+        # Anything left (e.g. a replacement that was still starting) is killed outright.
+        for inc in list(self.incarnations.values()):
+            await self.stop_incarnation(inc, "run ending")
+
+
+def _write_json(path: str, data: dict) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def _run_py() -> str:
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "run.py")
