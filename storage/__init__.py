@@ -1,0 +1,62 @@
+"""Replay storage: ALF's RingBuffer/ReplayBuffer/SegmentTree family on fast wide trees.
+
+Parts (each with ``state_dict``/``load_state_dict``): ``RingStorage`` (where the bytes
+are), ``RingWriter`` (which slot is written), ``SlotSampler`` (which slots are read; the
+segment trees live there), ``EpisodeIndex`` (episode bookkeeping), ``BufferControl``s
+(DI-engine's max use, staleness, statistics, throughput); ``ReplayBuffer`` wires them.
+Nothing here knows about ZeroMQ.
+"""
+
+from storage.allocator import MemoryAllocator, MmapAllocator
+from storage.controls import (
+    BufferControl,
+    MaxStaleness,
+    MaxUse,
+    SampleStatistics,
+    ThroughputMonitor,
+)
+from storage.episode_buffer import EpisodeReplayBuffer
+from storage.episodes import EpisodeIndex
+from storage.ere import ERE
+from storage.nest import StepType, TensorSpec
+from storage.nstep import NStepResult, nstep_returns
+from storage.replay_buffer import BatchInfo, ReplayBuffer, RingBuffer, SlotInfo
+from storage.ring import RingStorage, RingWriter
+from storage.sampler import PER, SlotSampler
+from storage.segment_tree import (
+    MaxSegmentTree,
+    MinSegmentTree,
+    SegmentTree,
+    SumSegmentTree,
+    available_backends,
+)
+
+__all__ = [
+    "BatchInfo",
+    "BufferControl",
+    "ERE",
+    "EpisodeIndex",
+    "EpisodeReplayBuffer",
+    "MaxSegmentTree",
+    "MaxStaleness",
+    "MaxUse",
+    "MemoryAllocator",
+    "MinSegmentTree",
+    "MmapAllocator",
+    "NStepResult",
+    "PER",
+    "ReplayBuffer",
+    "RingBuffer",
+    "RingStorage",
+    "RingWriter",
+    "SampleStatistics",
+    "SegmentTree",
+    "SlotInfo",
+    "SlotSampler",
+    "StepType",
+    "SumSegmentTree",
+    "TensorSpec",
+    "ThroughputMonitor",
+    "available_backends",
+    "nstep_returns",
+]

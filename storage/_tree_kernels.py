@@ -30,8 +30,18 @@ BAD_VALUE = -(2**62) + 1
 
 @numba.njit(cache=True, nogil=True)
 def set_leaves(
-    values, prefix, offsets, prefix_offsets, widths, row_offsets, stamps, stamp, op, capacity,
-    idx, vals,
+    values,
+    prefix,
+    offsets,
+    prefix_offsets,
+    widths,
+    row_offsets,
+    stamps,
+    stamp,
+    op,
+    capacity,
+    idx,
+    vals,
 ):
     """Write ``vals`` at ``idx`` and refresh every ancestor once.
 

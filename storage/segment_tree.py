@@ -96,7 +96,9 @@ class SegmentTree:
         self._widths = [fanout] * (num_levels - 1) + [self._level_sizes[-1]]
         self._offsets = np.concatenate([[0], np.cumsum(self._level_sizes)]).tolist()
         # Prefix rows carry a leading 0 column, so "sum before child j" is column j.
-        prefix_sizes = [n // w * (w + 1) for n, w in zip(self._level_sizes, self._widths, strict=True)]
+        prefix_sizes = [
+            n // w * (w + 1) for n, w in zip(self._level_sizes, self._widths, strict=True)
+        ]
         self._prefix_offsets = np.concatenate([[0], np.cumsum(prefix_sizes)]).tolist()
         self._nnz = 0
         self._place(torch.device(device), backend)

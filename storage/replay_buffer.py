@@ -1,0 +1,534 @@
+"""ALF's ``RingBuffer`` and ``ReplayBuffer``: a thin composition of the storage parts.
+
+``RingStorage`` (where the bytes are), ``RingWriter`` (which slot is written next),
+``SlotSampler`` (which slots are read; the trees live there), ``EpisodeIndex`` (episode
+bookkeeping) and ``BufferControl``s (DI-engine's eviction and monitoring) do the work;
+the classes here wire them behind ALF's names, arguments and semantics.
+
+Deliberate differences from ALF, each fixing a defect our asynchronous feeders hit:
+
+* ``clear()`` (all or some environments) forgets priorities, evictions and use counts,
+  and keeps positions growing, so a late ``update_priority`` for cleared data is
+  recognised as stale and ignored;
+* environments holding fewer than ``batch_length`` steps are simply not sampled (ALF
+  asserted that every environment had enough) and sampling is uniform over valid steps;
+* the sampling mask is kept apart from learned priorities (see ``sampler.py``), so
+  changing ``batch_length`` or restoring a checkpoint loses no priority and gives the
+  same importance weights;
+* ``update_priority`` ignores positions already overwritten and rejects positions never
+  written; duplicate indices count once in the trees;
+* ``gather_all`` on an empty buffer returns empty ``[B, 0, ...]`` tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from storage.allocator import MemoryAllocator, MmapAllocator
+from storage.controls import BufferControl
+from storage.episodes import EpisodeIndex
+from storage.nest import get_field, has_field, map_structure
+from storage.ring import RingStorage, RingWriter
+from storage.sampler import PER, SlotSampler
+
+
+class BatchInfo(NamedTuple):
+    """What ``get_batch`` says about each sampled sequence (ALF's fields, shapes [B])."""
+
+    env_ids: torch.Tensor = ()
+    positions: torch.Tensor = ()
+    importance_weights: torch.Tensor = ()
+    replay_buffer: object = ()
+    discounted_return: torch.Tensor = ()
+
+
+class SlotInfo:
+    """Per-slot counters the controls read: times sampled, and collecting version."""
+
+    def __init__(self, num_slots: int, allocator):
+        self.use_count = allocator.tensor("slots.use_count", (num_slots,), torch.int64)
+        self.version = allocator.tensor("slots.version", (num_slots,), torch.int64)
+
+    def state_dict(self) -> dict:
+        return {"use_count": self.use_count.clone(), "version": self.version.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.use_count.copy_(state["use_count"])
+        self.version.copy_(state["version"])
+
+
+class RingBuffer:
+    """Per-environment rings of a nest of tensors (ALF's ``alf.utils.data_buffer``).
+
+    Args:
+        data_spec: nest of ``TensorSpec`` describing one step.
+        num_environments: number of rings.
+        max_length: steps kept per environment.
+        device: where every tensor lives.
+        storage_dir: if given, all arrays live in memory-mapped files there, and a
+            buffer built again on the same directory re-attaches to them.
+    """
+
+    def __init__(
+        self,
+        data_spec,
+        num_environments: int,
+        max_length: int = 1024,
+        device="cpu",
+        allow_multiprocess: bool = False,
+        name: str = "RingBuffer",
+        storage_dir: str | None = None,
+    ):
+        if num_environments < 1 or max_length < 1:
+            raise ValueError("num_environments and max_length must be positive")
+        self._name = name
+        self._num_envs = int(num_environments)
+        self._max_length = int(max_length)
+        self._device = torch.device(device)
+        if storage_dir is not None and self._device.type != "cpu":
+            raise ValueError("memory-mapped storage lives on the CPU")
+        self._allocator = (
+            MmapAllocator(storage_dir) if storage_dir else MemoryAllocator(self._device)
+        )
+        self.data_spec = data_spec
+        self.storage = RingStorage(data_spec, self._num_envs, self._max_length, self._allocator)
+        self.writer = RingWriter(self._num_envs, self._max_length, self._allocator)
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def num_environments(self) -> int:
+        return self._num_envs
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    @property
+    def total_size(self) -> torch.Tensor:
+        """Total number of steps stored, over all environments."""
+        return self.writer.current_size.sum()
+
+    @property
+    def reattached(self) -> bool:
+        """True if this buffer mapped existing files (``storage_dir`` re-attach)."""
+        return bool(getattr(self._allocator, "reattached", ()))
+
+    def circular(self, pos):
+        return pos % self._max_length
+
+    def _env_ids(self, env_ids, batch_size: int | None = None) -> torch.Tensor:
+        if env_ids is None:
+            if batch_size is not None and batch_size != self._num_envs:
+                raise ValueError(
+                    f"env_ids=None needs a batch of num_environments={self._num_envs}, "
+                    f"got {batch_size}"
+                )
+            return torch.arange(self._num_envs, device=self._device)
+        env_ids = torch.as_tensor(env_ids, dtype=torch.int64, device=self._device).reshape(-1)
+        if env_ids.numel() and bool((env_ids.min() < 0) | (env_ids.max() >= self._num_envs)):
+            raise ValueError(f"env_ids must lie in [0, {self._num_envs})")
+        return env_ids
+
+    def get_earliest_position(self, env_ids):
+        return self.writer.earliest(self._env_ids(env_ids))
+
+    def get_current_position(self):
+        return self.writer.current_pos.clone()
+
+    # ------------------------------------------------------------------ ring ops
+    def enqueue(self, batch, env_ids=None, blocking: bool = False) -> torch.Tensor:
+        """Write one step per environment; returns the positions written."""
+        batch_size = _batch_size(batch)
+        env_ids = self._env_ids(env_ids, batch_size)
+        if env_ids.shape[0] != batch_size:
+            raise ValueError(f"{batch_size} steps for {env_ids.shape[0]} env_ids")
+        if torch.unique(env_ids).numel() != env_ids.numel():
+            raise ValueError("env_ids of one batch must be distinct")
+        if blocking and bool((self.writer.current_size[env_ids] >= self._max_length).any()):
+            raise RuntimeError("blocking enqueue on a full ring: nothing dequeues concurrently")
+        pos = self.writer.advance(env_ids)
+        self.storage.write(env_ids, pos % self._max_length, batch)
+        return pos
+
+    def dequeue(self, env_ids=None, n: int = 1, blocking: bool = False):
+        """Remove and return the earliest ``n`` steps of each environment, ``[B, n, ...]``."""
+        env_ids = self._env_ids(env_ids)
+        if bool((self.writer.current_size[env_ids] < n).any()):
+            raise ValueError(f"not every environment holds {n} steps to dequeue")
+        start = self.writer.earliest(env_ids)
+        idx = (start[:, None] + torch.arange(n, device=self._device)) % self._max_length
+        result = self.storage.read(env_ids[:, None], idx)
+        self.writer.remove_oldest(env_ids, n)
+        self._after_remove(env_ids, n)
+        return result
+
+    def remove_up_to(self, n: int, env_ids=None) -> None:
+        """Drop up to ``n`` earliest steps of each environment."""
+        env_ids = self._env_ids(env_ids)
+        removed = torch.clamp(self.writer.current_size[env_ids], max=n)
+        self.writer.current_size[env_ids] -= removed
+        self._after_remove(env_ids, int(removed.sum()))
+
+    def _after_remove(self, env_ids, count: int) -> None:
+        """Hook for the replay buffer (its sampler must forget the removed steps)."""
+
+    def clear(self, env_ids=None) -> None:
+        """Empty all rings, or those of ``env_ids`` (positions keep growing)."""
+        env_ids = self._env_ids(env_ids)
+        self.writer.current_size[env_ids] = 0
+
+    def gather_all(self, ignore_earliest_frames: bool = False, convert_to_default_device=True):
+        """Every stored step, ``[num_environments, size, ...]``; sizes must be equal."""
+        sizes = self.writer.current_size
+        size = int(sizes.min())
+        if size != int(sizes.max()):
+            raise ValueError(
+                f"environments hold different numbers of steps (min {size}, "
+                f"max {int(sizes.max())}); gather_all needs them equal"
+            )
+        envs = torch.arange(self._num_envs, device=self._device)
+        start = self.writer.earliest(envs)
+        skip = getattr(self, "_num_earliest_frames_ignored", 0) if ignore_earliest_frames else 0
+        if ignore_earliest_frames and size and size <= skip:
+            raise ValueError(f"only {size} steps per environment, asked to ignore {skip}")
+        start = start + skip if size else start
+        length = max(size - skip, 0) if size else 0
+        idx = (start[:, None] + torch.arange(length, device=self._device)) % self._max_length
+        result = self.storage.read(envs[:, None], idx)
+        info = BatchInfo(env_ids=envs, positions=start, replay_buffer=self)
+        return result, info
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        return {"writer": self.writer.state_dict(), "storage": self.storage.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.writer.load_state_dict(state["writer"])
+        self.storage.load_state_dict(state["storage"])
+
+    def flush(self) -> None:
+        """Push memory-mapped pages to disk (no-op in memory)."""
+        self._allocator.flush()
+
+
+class ReplayBuffer(RingBuffer):
+    """ALF's replay buffer (see the module docstring for where it deliberately differs).
+
+    Arguments are ALF's, plus keyword-only components:
+
+    Args:
+        per: a ``PER(alpha, beta, epsilon)`` for pytorchrl-style proportional priorities
+            (default: ALF's plain priorities).
+        controls: ``BufferControl``s (``MaxUse``, ``MaxStaleness``, ``SampleStatistics``,
+            ``ThroughputMonitor``...).
+        storage_dir: memory-mapped storage directory (see ``RingBuffer``).
+        seed: seed of the buffer's own random generator (saved in ``state_dict``).
+        tree_backend: force a segment-tree kernel (``"numba"``, ``"numpy"``,
+            ``"torch"``); the default follows the device.
+    """
+
+    ONE_MINUS = 1.0 - torch.finfo(torch.float32).eps
+
+    def __init__(
+        self,
+        data_spec,
+        num_environments: int,
+        max_length: int = 1024,
+        num_earliest_frames_ignored: int = 0,
+        prioritized_sampling: bool = False,
+        initial_priority: float = 1.0,
+        recent_data_steps: int = 1,
+        recent_data_ratio: float = 0.0,
+        with_replacement: bool = False,
+        device="cpu",
+        allow_multiprocess: bool = False,
+        keep_episodic_info: bool | None = None,
+        record_episodic_return: bool = False,
+        default_return: float = -1000.0,
+        gamma: float = 0.99,
+        reward_clip=None,
+        enable_checkpoint: bool = False,
+        name: str = "ReplayBuffer",
+        *,
+        per: PER | None = None,
+        controls: tuple[BufferControl, ...] = (),
+        storage_dir: str | None = None,
+        seed: int | None = None,
+        tree_backend: str | None = None,
+    ):
+        super().__init__(
+            data_spec, num_environments, max_length, device, name=name, storage_dir=storage_dir
+        )
+        for required in ("step_type", "reward", "discount"):
+            if (keep_episodic_info or record_episodic_return) and not has_field(
+                data_spec, required
+            ):
+                raise ValueError(f"episodic info needs a top-level {required!r} in data_spec")
+        if keep_episodic_info is None:
+            keep_episodic_info = num_earliest_frames_ignored > 0 or record_episodic_return
+        if record_episodic_return and not keep_episodic_info:
+            raise ValueError("record_episodic_return needs keep_episodic_info")
+        self._num_earliest_frames_ignored = int(num_earliest_frames_ignored)
+        self._prioritized_sampling = bool(prioritized_sampling)
+        self._recent_data_steps = int(recent_data_steps)
+        self._recent_data_ratio = float(recent_data_ratio)
+        self._with_replacement = bool(with_replacement)
+        self._keep_episodic_info = bool(keep_episodic_info)
+        self._record_episodic_return = bool(record_episodic_return)
+        self._enable_checkpoint = enable_checkpoint
+        self.sampler = SlotSampler(
+            self.writer,
+            prioritized=self._prioritized_sampling,
+            per=per,
+            initial_priority=initial_priority,
+            num_earliest_frames_ignored=num_earliest_frames_ignored,
+            allocator=self._allocator,
+            device=self._device,
+            tree_backend=tree_backend,
+        )
+        self.slot_info = SlotInfo(self._num_envs * self._max_length, self._allocator)
+        self.episodes = None
+        if self._keep_episodic_info:
+            self.episodes = EpisodeIndex(
+                self.writer,
+                self._allocator,
+                record_episodic_return=record_episodic_return,
+                default_return=default_return,
+                gamma=gamma,
+                reward_clip=reward_clip,
+            )
+            self.episodes.attach_storage(self.storage)
+        self.controls = tuple(controls)
+        self._generator = torch.Generator(device=self._device)
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,)).item())
+        self._generator.manual_seed(seed)
+
+    # ------------------------------------------------------------------ ALF API
+    @property
+    def initial_priority(self) -> torch.Tensor:
+        """Priority given to new steps: max(configured initial priority, current max)."""
+        return torch.tensor(self.sampler.initial_priority, dtype=torch.float32)
+
+    @property
+    def num_sampleable(self) -> int:
+        """Start positions that may be sampled for the current ``batch_length``."""
+        return self.sampler.num_valid()
+
+    def add_batch(self, batch, env_ids=None, blocking: bool = False, *, version: int = 0):
+        """Append one step per environment in ``env_ids`` (distinct ids).
+
+        ``version`` is the policy version that collected the steps (read by
+        ``MaxStaleness`` and ``SampleStatistics``).
+        """
+        batch_size = _batch_size(batch)
+        env_ids = self._env_ids(env_ids, batch_size)
+        overwritten = int((self.writer.current_size[env_ids] >= self._max_length).sum())
+        pos = self.enqueue(batch, env_ids, blocking=blocking)
+        slots = self.writer.slots(env_ids, pos)
+        self.slot_info.use_count[slots] = 0
+        self.slot_info.version[slots] = int(version)
+        if self.episodes is not None:
+            discount = get_field(batch, "discount").to(self._device)
+            self.episodes.on_write(
+                env_ids,
+                pos,
+                get_field(batch, "step_type").to(self._device).reshape(-1),
+                discount,
+                get_field(batch, "reward").to(self._device),
+            )
+        self.sampler.on_write(env_ids, pos)
+        for control in self.controls:
+            control.on_add(self, env_ids, pos, version)
+            if overwritten:
+                control.on_remove(self, overwritten)
+        return pos
+
+    def get_batch(
+        self, batch_size: int, batch_length: int, *, sample_range=None, learner_iter=None
+    ):
+        """Sample ``batch_size`` sequences of ``batch_length`` steps.
+
+        Returns ``(data, info)``: data nest ``[batch_size, batch_length, ...]`` and a
+        ``BatchInfo`` of shape ``[batch_size]``. Without replacement (ALF's default) the
+        draws are stratified and come out ordered by environment.
+
+        Args:
+            sample_range: a ``slice`` over each environment's stored steps that the
+                sequence must start in (DI-engine's ``sample_range``; ERE uses it).
+            learner_iter: the learner's iteration, for staleness controls and stats.
+        """
+        self.sampler.set_batch_length(batch_length)
+        for control in self.controls:
+            control.before_sample(self, learner_iter)
+        recent_batch_size = 0
+        if self._recent_data_ratio > 0 and sample_range is None:
+            d = batch_length - 1 + self._num_earliest_frames_ignored
+            avg_size = float(self.total_size) / self._num_envs - d
+            if avg_size * self._recent_data_ratio > self._recent_data_steps:
+                # Otherwise plain sampling already draws recent data often enough.
+                recent_batch_size = math.ceil(batch_size * self._recent_data_ratio)
+        normal_size = batch_size - recent_batch_size
+        g = self._generator
+        if sample_range is not None:
+            lo, hi = self._range_bounds(sample_range)
+            slots = self.sampler.sample_in_windows(normal_size, g, lo, hi)
+        else:
+            slots = self.sampler.sample(normal_size, g, self._with_replacement)
+        if recent_batch_size:
+            newest_start = self.writer.current_pos - batch_length + 1
+            recent = self.sampler.sample_in_windows(
+                recent_batch_size, g, newest_start - self._recent_data_steps, newest_start
+            )
+            slots = torch.cat([recent, slots])
+        return self._batch_from_slots(slots, batch_length, learner_iter)
+
+    def _range_bounds(self, sample_range: slice):
+        if not isinstance(sample_range, slice) or sample_range.step not in (None, 1):
+            raise ValueError("sample_range must be a slice with step 1")
+        size = self.writer.current_size
+        earliest = self.writer.current_pos - size
+
+        def bound(x, default):
+            if x is None:
+                return default
+            x = torch.full_like(size, int(x))
+            return torch.clamp(torch.where(x < 0, x + size, x), min=0) + 0
+
+        lo = earliest + torch.minimum(bound(sample_range.start, torch.zeros_like(size)), size)
+        hi = earliest + torch.minimum(bound(sample_range.stop, size), size)
+        return lo, hi
+
+    def _batch_from_slots(self, slots, batch_length, learner_iter):
+        env_ids = torch.div(slots, self._max_length, rounding_mode="floor")
+        idx0 = slots % self._max_length
+        positions = self.writer.position_of_slot(env_ids, idx0)
+        steps = torch.arange(batch_length, device=self._device)
+        idx = (positions[:, None] + steps[None, :]) % self._max_length
+        data = self.storage.read(env_ids[:, None], idx)
+        weights = self.sampler.importance_weights(slots)
+        discounted_return = ()
+        if self._record_episodic_return:
+            discounted_return = self.episodes.discounted_return[env_ids, idx0]
+        info = BatchInfo(env_ids, positions, weights, self, discounted_return)
+        self.slot_info.use_count.index_add_(0, slots, torch.ones_like(slots))
+        for control in self.controls:
+            control.on_sample(self, slots, learner_iter)
+        return data, info
+
+    def update_priority(self, env_ids, positions, priorities) -> torch.Tensor:
+        """Set priorities of sampled steps; returns which updates were applied.
+
+        Updates for positions overwritten since sampling are ignored; positions never
+        written raise ``ValueError``.
+        """
+        if not self._prioritized_sampling:
+            raise ValueError("update_priority needs prioritized_sampling=True")
+        env_ids = self._env_ids(env_ids)
+        positions = torch.as_tensor(positions, dtype=torch.int64, device=self._device).reshape(-1)
+        priorities = torch.as_tensor(priorities, device=self._device).reshape(-1)
+        if not env_ids.shape == positions.shape == priorities.shape:
+            raise ValueError("env_ids, positions and priorities must have one shape")
+        return self.sampler.update_priority(env_ids, positions, priorities)
+
+    def evict(self, slots) -> None:
+        """Make ``slots`` unsampleable until rewritten (what the controls call)."""
+        slots = torch.as_tensor(slots, dtype=torch.int64, device=self._device).reshape(-1)
+        if slots.numel() == 0:
+            return
+        before = self.sampler.num_valid()
+        self.sampler.evict(slots)
+        removed = before - self.sampler.num_valid()
+        if removed:
+            for control in self.controls:
+                control.on_remove(self, removed)
+
+    def get_field(self, field_name, env_ids, positions):
+        """Stored ``field_name`` (dotted path) at (env_ids, positions)."""
+        env_ids = self._env_ids(env_ids)
+        positions = torch.as_tensor(positions, dtype=torch.int64, device=self._device)
+        current = self.writer.current_pos[env_ids]
+        if bool((positions >= current).any()) or bool(
+            (positions < current - self._max_length).any()
+        ):
+            raise ValueError("positions are not stored in the buffer")
+        field = map_structure(lambda name: self.storage.field(name), field_name)
+        idx = positions % self._max_length
+        return map_structure(lambda t: t[env_ids, idx], field)
+
+    def get_episode_begin_position(self, pos, env_ids):
+        """Position of the FIRST step of each step's episode (it may be overwritten)."""
+        self._need_episodes()
+        return self.episodes.begin_position(self._env_ids(env_ids), torch.as_tensor(pos))
+
+    def steps_to_episode_end(self, pos, env_ids):
+        """Distance to the episode's LAST step, or to the newest step if still running."""
+        self._need_episodes()
+        return self.episodes.steps_to_episode_end(self._env_ids(env_ids), torch.as_tensor(pos))
+
+    def _need_episodes(self):
+        if self.episodes is None:
+            raise ValueError("episode queries need keep_episodic_info=True")
+
+    def clear(self, env_ids=None) -> None:
+        """Empty all or some environments: data, priorities, evictions, counters."""
+        env_ids = self._env_ids(env_ids)
+        removed = int(self.writer.current_size[env_ids].sum())
+        super().clear(env_ids)
+        self.sampler.clear(env_ids)
+        slots = (
+            env_ids[:, None] * self._max_length
+            + torch.arange(self._max_length, device=self._device)
+        ).reshape(-1)
+        self.slot_info.use_count[slots] = 0
+        self.slot_info.version[slots] = 0
+        if self.episodes is not None:
+            self.episodes.clear(env_ids)
+        for control in self.controls:
+            control.on_clear(self, env_ids)
+            if removed:
+                control.on_remove(self, removed)
+
+    def _after_remove(self, env_ids, count: int) -> None:
+        self.sampler.rebuild()
+        for control in self.controls:
+            control.on_remove(self, count)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        """Copies of everything that decides future samples, safe to save in a thread."""
+        state = super().state_dict()
+        state.update(
+            sampler=self.sampler.state_dict(),
+            slot_info=self.slot_info.state_dict(),
+            rng=self._generator.get_state(),
+            controls=[c.state_dict() for c in self.controls],
+        )
+        if self.episodes is not None:
+            state["episodes"] = self.episodes.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.slot_info.load_state_dict(state["slot_info"])
+        if self.episodes is not None:
+            self.episodes.load_state_dict(state["episodes"])
+        self._generator.set_state(state["rng"])
+        for control, control_state in zip(self.controls, state["controls"], strict=True):
+            control.load_state_dict(control_state)
+        self.sampler.load_state_dict(state["sampler"])
+
+
+def _batch_size(batch) -> int:
+    sizes = set()
+    map_structure(lambda t: sizes.add(int(t.shape[0])), batch)
+    if len(sizes) != 1:
+        raise ValueError(f"every tensor of a batch needs the same leading size, got {sizes}")
+    return sizes.pop()
