@@ -16,6 +16,7 @@ Tuples are kept apart from lists by another extension so nested tuples round-tri
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import time
 import warnings
@@ -35,6 +36,9 @@ _EXT_ARRAY = 1
 _EXT_TUPLE = 2
 _ALLOWED_KINDS = frozenset("biuf")
 _BF16 = "bf16"
+# Every tuple level is a nested msgpack call, and each unpacker keeps ~40 KB of state on the C
+# stack: a couple of hundred levels overflow it and the process dies (SIGSEGV) instead of raising.
+MAX_TUPLE_DEPTH = 32
 
 
 class ProtocolError(Exception):
@@ -52,15 +56,23 @@ class Envelope(NamedTuple):
 def encode(msg: Any, sender: str = "", seq: int = 0) -> list:
     """Frames for ``msg`` (a registered message dataclass). Array buffers are not copied."""
     buffers: list = []
+    depth = 0
 
     def default(obj):
+        nonlocal depth
         if isinstance(obj, np.ndarray):
             return _array_ext(obj, buffers, is_torch=False)
         torch = sys.modules.get("torch")  # a process without torch has no tensors to send
         if torch is not None and isinstance(obj, torch.Tensor):
             return _tensor_ext(obj, buffers)
         if isinstance(obj, tuple):
-            return msgpack.ExtType(_EXT_TUPLE, _pack(list(obj)))
+            if depth >= MAX_TUPLE_DEPTH:
+                raise TypeError(f"tuples nested deeper than {MAX_TUPLE_DEPTH} cannot travel")
+            depth += 1
+            try:
+                return msgpack.ExtType(_EXT_TUPLE, _pack(list(obj)))
+            finally:
+                depth -= 1
         if isinstance(obj, np.generic):
             return obj.item()
         raise TypeError(f"cannot encode {type(obj).__name__} in message {msg.KIND!r}")
@@ -109,10 +121,18 @@ def decode(frames: list) -> Envelope:
         raise ProtocolError("empty message")
     views = [_as_buffer(f) for f in frames]
     used: set[int] = set()
+    depth = 0
 
     def ext_hook(code, data):
+        nonlocal depth
         if code == _EXT_TUPLE:
-            return tuple(_unpack(data))
+            if depth >= MAX_TUPLE_DEPTH:
+                raise ProtocolError(f"tuples nested deeper than {MAX_TUPLE_DEPTH}")
+            depth += 1
+            try:
+                return tuple(_unpack(data))
+            finally:
+                depth -= 1
         if code == _EXT_ARRAY:
             return _decode_array(data, views, used)
         raise ProtocolError(f"unknown extension type {code}")
@@ -129,11 +149,12 @@ def decode(frames: list) -> Envelope:
     if not isinstance(envelope, dict) or not {"k", "s", "n", "t", "v", "p"} <= envelope.keys():
         raise ProtocolError("envelope is not a map with keys k, s, n, t, v, p")
     kind, version, payload = envelope["k"], envelope["v"], envelope["p"]
-    if version != SCHEMA_VERSION:
-        raise ProtocolError(f"schema version {version!r}, expected {SCHEMA_VERSION}")
+    # type() first: an array here would make ``!=`` ambiguous instead of False.
+    if type(version) is not int or version != SCHEMA_VERSION:
+        raise ProtocolError(f"schema version {_short(version)}, expected {SCHEMA_VERSION}")
     cls = message_class(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ProtocolError(f"unknown message kind {kind!r}")
+        raise ProtocolError(f"unknown message kind {_short(kind)}")
     if not isinstance(payload, dict):
         raise ProtocolError(f"{kind}: payload is not a map")
     if len(used) != len(views) - 1:
@@ -147,6 +168,12 @@ def decode(frames: list) -> Envelope:
     if not isinstance(sender, str) or not isinstance(seq, int) or not isinstance(sent_at, float):
         raise ProtocolError(f"{kind}: bad sender/sequence/time in envelope")
     return Envelope(kind, sender, seq, sent_at, cls(**payload))
+
+
+def _short(value) -> str:
+    """A one-line, bounded repr of a hostile value for an error message."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _as_buffer(frame):
@@ -164,14 +191,19 @@ def _as_buffer(frame):
 def _decode_array(data, views, used):
     try:
         index, dtype_tag, shape, is_torch = msgpack.unpackb(data, raw=False)
-        shape = tuple(int(d) for d in shape)
     except Exception:
         raise ProtocolError("malformed array descriptor") from None
-    if not isinstance(index, int) or not 0 <= index < len(views) - 1 or index in used:
+    if (not isinstance(dtype_tag, str) or not isinstance(shape, list)
+            or not all(type(d) is int for d in shape) or not isinstance(is_torch, bool)):
+        raise ProtocolError("malformed array descriptor")
+    shape = tuple(shape)
+    if type(index) is not int or not 0 <= index < len(views) - 1 or index in used:
         raise ProtocolError(f"array refers to missing or reused frame {index!r}")
     if any(d < 0 for d in shape):
         raise ProtocolError(f"negative array dimension in {shape}")
     bf16 = dtype_tag == _BF16
+    if bf16 and not is_torch:
+        raise ProtocolError("bfloat16 travels only as a torch tensor")
     try:
         dtype = np.dtype("<i2" if bf16 else dtype_tag)
     except TypeError:
@@ -180,7 +212,7 @@ def _decode_array(data, views, used):
         raise ProtocolError(f"dtype {dtype} not allowed on the wire")
     used.add(index)
     buffer = views[index + 1]
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)  # Python ints: a hostile shape cannot overflow into a match
     if len(buffer) != count * dtype.itemsize:
         raise ProtocolError(
             f"array frame has {len(buffer)} bytes, shape {shape} of {dtype} needs "

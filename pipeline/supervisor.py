@@ -166,6 +166,7 @@ class Supervisor:
         self.stopping = False
         self.failure: str | None = None
         self.stop_event = asyncio.Event()
+        self._started = asyncio.Event()  # every start wave was launched
         self.started_at = time.monotonic()
         os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
         os.makedirs(os.path.join(run_dir, "launch"), exist_ok=True)
@@ -184,6 +185,8 @@ class Supervisor:
         info = {"control": self.control_endpoint, "events": self.events_endpoint,
                 "pid": os.getpid(), "graph": self.graph.name}
         _write_json(os.path.join(self.run_dir, "endpoints.json"), info)
+        # Scripts and tests read this line to know they can send commands: no polling needed.
+        print(f"control: {self.control_endpoint}", file=sys.stderr, flush=True)
 
     def log_path(self, watcher: Watcher) -> str:
         return os.path.join(self.run_dir, "logs", f"{watcher.instance}.log")
@@ -358,6 +361,29 @@ class Supervisor:
                            for t, d in self.graph.topics.items()},
                 "events": self.events_endpoint}
 
+    async def cmd_wait_ready(self, node: str | None = None, timeout: float = 300.0) -> dict:
+        """Answer once every replica of ``node`` (or of every node) is running and ready."""
+        names = [node] if node else list(self.graph.nodes)
+        for name in names:
+            self._watchers_of(name)
+
+        async def all_ready():
+            while True:
+                watchers = [w for n in names for w in self.watchers[n]]
+                pending = [w.current.ready.wait() for w in watchers
+                           if w.current is not None and not w.current.ready.is_set()]
+                if watchers and not pending and all(w.current for w in watchers):
+                    return
+                if pending:
+                    await asyncio.gather(*pending)
+                elif self._started.is_set():
+                    raise RunFailed(f"{', '.join(names)} did not start (see status)")
+                else:  # watchers not created yet: the start waves are still running
+                    await self._started.wait()
+
+        await asyncio.wait_for(all_ready(), timeout)
+        return {"ready": names}
+
     async def cmd_stop(self) -> dict:
         self.stop_event.set()
         return {"stopping": True}
@@ -480,6 +506,8 @@ class Supervisor:
                 await self._start_all()
             except RunFailed as exc:
                 self.fail(str(exc))
+            finally:
+                self._started.set()
             duration = self.graph.run.duration_s
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop_event.wait(), duration)

@@ -1,0 +1,117 @@
+"""Helpers for multi-process tests: start ``run.py`` for real and talk to it like a user.
+
+Nothing here sleeps to synchronize: the supervisor prints its control endpoint when it can take
+commands, ``wait_ready`` is answered by the supervisor when nodes are ready, and progress inside
+a run is observed on a topic's monitor tap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import zmq
+
+from pipeline import codec
+from pipeline.cli import control
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class LiveRun:
+    def __init__(self, run_dir: str, graph: str, *overrides: str):
+        self.run_dir = run_dir
+        args = [sys.executable, os.path.join(ROOT, "run.py"), "run", graph, "--run-dir",
+                run_dir, "--quiet"]
+        for item in overrides:
+            args += ["--set", item]
+        self.proc = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+        self.stderr_lines: list[str] = []
+        for line in self.proc.stderr:  # blocks until the supervisor is listening
+            self.stderr_lines.append(line)
+            if line.startswith("control: "):
+                break
+        else:
+            raise RuntimeError("run.py exited before it was ready:\n" + "".join(self.stderr_lines))
+
+    def command(self, name: str, **kwargs) -> dict:
+        return control(self.run_dir, name, **kwargs)
+
+    def wait_ready(self, node: str | None = None) -> None:
+        self.command("wait_ready", node=node, timeout=120)
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, os.path.join(ROOT, "run.py"), *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+
+    def wait_for_origin(self, topic: str, origin: int, timeout_s: float = 120) -> int:
+        """Watch ``topic`` through its tap until a record with ``origin`` >= the given one."""
+        taps = self.command("status")["topics"][topic]["taps"]
+        sock = zmq.Context.instance().socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            for ep in taps:
+                sock.connect(ep)
+            sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
+            while True:
+                if not sock.poll(int(timeout_s * 1000)):
+                    raise TimeoutError(f"no message on {topic} for {timeout_s}s")
+                msg = codec.decode(sock.recv_multipart()[1:]).message
+                if msg.origin >= origin:
+                    return msg.origin
+        finally:
+            sock.close(linger=0)
+
+    def finish(self, timeout_s: float = 300) -> int:
+        try:
+            _, rest = self.proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+        self.stderr_lines.append(rest)
+        return self.proc.returncode
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.stderr_lines)
+
+    def interrupt(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+
+    def kill(self) -> None:
+        """Last resort cleanup: kill the supervisor and every node it started."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        for pid in node_pids(self.run_dir):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def result(self, name: str = "sink_result.json") -> dict:
+        with open(os.path.join(self.run_dir, name)) as f:
+            return json.load(f)
+
+
+def node_pids(run_dir: str) -> list[int]:
+    """Every node pid the supervisor ever started in this run (from events.jsonl)."""
+    pids = []
+    path = os.path.join(run_dir, "events.jsonl")
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                event = json.loads(line)
+                if event["topic"].endswith(".started"):
+                    pids.append(int(event["detail"].split()[1]))
+    return pids
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

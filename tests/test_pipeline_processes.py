@@ -1,0 +1,138 @@
+"""Multi-process integration: real ``run.py``, real node processes, real sockets."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import zmq
+
+from tests.pipeline_harness import ROOT, LiveRun, alive, node_pids
+
+GRAPH = os.path.join(ROOT, "graphs", "demo_counter.yaml")
+
+
+def _counts(n: int) -> tuple[str, str]:
+    return f"nodes.source.config.count={n}", f"nodes.sink.config.expected={n}"
+
+
+@pytest.fixture
+def live(tmp_path):
+    runs = []
+
+    def start(*overrides):
+        run = LiveRun(str(tmp_path / f"run{len(runs)}"), GRAPH, *overrides)
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        run.kill()
+
+
+def _assert_complete(result: dict, n: int, duplicates_allowed: bool = False) -> None:
+    assert result["missing"] == 0, result
+    assert result["unique"] == n, result
+    assert result["gaps"] == 0, result
+    assert result["malformed"] == 0, result
+    assert result["wrong_values"] == 0, result
+    if not duplicates_allowed:
+        assert result["duplicates"] == 0, result
+
+
+@pytest.mark.timeout(300)
+def test_100k_messages_on_a_reliable_topic_arrive_complete(live):
+    run = live(*_counts(100_000))
+    assert run.finish() == 0, run.stderr
+    _assert_complete(run.result(), 100_000)
+
+
+@pytest.mark.timeout(300)
+def test_kill_9_of_the_transformer_is_restarted_and_the_run_completes(live):
+    n = 150_000
+    run = live(*_counts(n))
+    run.wait_ready()
+    before = run.command("status")["nodes"]["transformer.0"]
+    run.wait_for_origin("doubled", 20_000)
+    os.kill(before["pid"], signal.SIGKILL)
+    assert run.finish() == 0, run.stderr
+    result = run.result()
+    # The killed transformer's unacknowledged input is redelivered: at least once, none lost.
+    _assert_complete(result, n, duplicates_allowed=True)
+    assert len(result["by_instance"]) == 1  # same replica name across the restart
+    assert "supervisor.transformer.restarted" in open(
+        os.path.join(run.run_dir, "events.jsonl")).read()
+
+
+@pytest.mark.timeout(300)
+def test_swap_the_transformer_loses_and_duplicates_nothing(live):
+    n = 150_000
+    run = live(*_counts(n))
+    run.wait_ready()
+    run.wait_for_origin("doubled", 20_000)
+    swap = run.cli("swap", run.run_dir, "transformer", "--set", "scale=3")
+    assert swap.returncode == 0, swap.stderr
+    assert run.finish() == 0, run.stderr
+    result = run.result()
+    _assert_complete(result, n)
+    assert set(result["by_scale"]) == {"2", "3"}, result  # both handled part of the stream
+
+
+@pytest.mark.timeout(300)
+def test_monitors_never_block_the_graph(live):
+    """A monitor printing a reliable topic, and a tap subscriber that never reads at all:
+    the run still moves every message, because taps drop instead of blocking."""
+    n = 100_000
+    run = live(*_counts(n))
+    run.wait_ready()
+    taps = run.command("status")["topics"]["numbers"]["taps"]
+    stalled = zmq.Context.instance().socket(zmq.SUB)
+    stalled.setsockopt(zmq.LINGER, 0)
+    stalled.setsockopt(zmq.RCVHWM, 1)
+    for ep in taps:
+        stalled.connect(ep)
+    stalled.setsockopt(zmq.SUBSCRIBE, b"")
+    monitor = subprocess.Popen([sys.executable, "run.py", "monitor", run.run_dir, "--topic",
+                                "numbers", "--count", "1000"], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert run.finish() == 0, run.stderr
+        out, err = monitor.communicate(timeout=60)
+    finally:
+        stalled.close(linger=0)
+        monitor.kill()
+    _assert_complete(run.result(), n)
+    assert monitor.returncode == 0, err
+    assert out.count("numbers ") >= 1, out[:500]
+
+
+@pytest.mark.timeout(120)
+def test_sigint_stops_every_node_and_exits_0(live):
+    run = live("nodes.source.config.count=0", "nodes.sink.config.expected=0")
+    run.wait_ready()
+    pids = [info["pid"] for info in run.command("status")["nodes"].values()]
+    assert all(alive(pid) for pid in pids)
+    run.interrupt()
+    assert run.finish(60) == 0, run.stderr
+    assert not [pid for pid in node_pids(run.run_dir) if alive(pid)]
+
+
+@pytest.mark.timeout(120)
+def test_status_scale_and_bad_commands(live):
+    run = live("nodes.source.config.count=0", "nodes.sink.config.expected=0")
+    run.wait_ready()
+    status = run.cli("status", run.run_dir)
+    assert status.returncode == 0 and "transformer.0" in status.stdout
+    scaled = run.cli("scale", run.run_dir, "transformer", "2")
+    assert scaled.returncode == 0, scaled.stderr
+    assert "transformer.1" in run.command("status")["nodes"]
+    bad = run.cli("swap", run.run_dir, "transformer", "--set", "nope=1")
+    assert bad.returncode == 2
+    assert bad.stderr.count("\n") == 1 and "nope" in bad.stderr, bad.stderr
+    unknown = run.cli("scale", run.run_dir, "nosuchnode", "2")
+    assert unknown.returncode == 2 and "unknown node 'nosuchnode'" in unknown.stderr
+    assert run.cli("stop", run.run_dir).returncode == 0
+    assert run.finish(60) == 0, run.stderr
