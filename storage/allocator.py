@@ -59,7 +59,7 @@ class MmapAllocator:
         numel = math.prod(shape)
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
         existed = os.path.exists(path) and os.path.getsize(path) == nbytes
-        if existed and self._layout.get(name) not in (None, entry):
+        if self._layout.get(name) not in (None, entry):
             raise ValueError(
                 f"{path} holds {self._layout[name]}, but the buffer asks for {entry}: "
                 "use a fresh directory for a different buffer"

@@ -15,10 +15,13 @@ from hypothesis import strategies as st
 
 from storage import ReplayBuffer, StepType, TensorSpec, nstep_returns
 
+# (device, tree kernel): the torch kernel on CPU runs the code path CUDA uses.
 DEVICES = [
-    "cpu",
+    ("cpu", None),
+    ("cpu", "torch"),
     pytest.param(
-        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+        ("cuda", None),
+        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
     ),
 ]
 GAMMA = 0.5
@@ -125,6 +128,7 @@ def programs(draw):
 @settings(max_examples=40, deadline=None)
 @given(program=programs(), data=st.data())
 def test_buffer_matches_model(device, program, data):
+    device, tree_backend = device
     num_envs, max_length, nefi, prioritized, ops = program
     rb = ReplayBuffer(
         SPEC,
@@ -135,6 +139,7 @@ def test_buffer_matches_model(device, program, data):
         keep_episodic_info=True,
         device=device,
         seed=0,
+        tree_backend=tree_backend,
     )
     model = Model(num_envs, max_length, nefi, initial_priority=1.0)
     phase = [0] * num_envs  # steps into the current episode

@@ -1,0 +1,367 @@
+"""ReplayBuffer: sampling statistics, ALF's defects fixed, state, controls, mmap, episodes."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, namedtuple
+
+import pytest
+import torch
+
+from storage import (
+    ERE,
+    PER,
+    EpisodeReplayBuffer,
+    MaxStaleness,
+    MaxUse,
+    ReplayBuffer,
+    SampleStatistics,
+    StepType,
+    TensorSpec,
+    ThroughputMonitor,
+)
+
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+    ),
+]
+Step = namedtuple("Step", ["step_type", "reward", "discount", "observation"])
+SPEC = Step(
+    TensorSpec((), torch.int64), TensorSpec(()), TensorSpec(()), TensorSpec((4,), torch.float32)
+)
+
+
+def steps(env_ids, t, step_type=StepType.MID):
+    n = len(env_ids)
+    return Step(
+        torch.full((n,), int(step_type)),
+        torch.ones(n),
+        torch.ones(n),
+        torch.tensor([[float(e), float(t), 0.0, 0.0] for e in env_ids]),
+    )
+
+
+def fill(rb, num_steps, env_ids=None, version=0):
+    env_ids = list(range(rb.num_environments)) if env_ids is None else env_ids
+    for t in range(num_steps):
+        rb.add_batch(steps(env_ids, t), torch.tensor(env_ids), version=version)
+
+
+def chi_square_p_value(observed, expected):
+    """Upper tail of chi-square (Wilson-Hilferty), enough for a fixed-seed sanity test."""
+    stat = sum((o - e) ** 2 / e for o, e in zip(observed, expected, strict=True))
+    k = len(observed) - 1
+    z = ((stat / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+# ----------------------------------------------------------------- statistics
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("alpha", [1.0, 0.6])
+def test_prioritized_frequencies_match_p_alpha(device, alpha):
+    rb = ReplayBuffer(
+        SPEC,
+        2,
+        10,
+        prioritized_sampling=True,
+        with_replacement=True,
+        device=device,
+        per=PER(alpha=alpha),
+        seed=3,
+    )
+    fill(rb, 10)
+    envs = torch.arange(2).repeat_interleave(10)
+    pos = torch.arange(10).repeat(2)
+    priorities = torch.arange(1, 21, dtype=torch.float32)
+    rb.update_priority(envs, pos, priorities)
+    counts = Counter()
+    for _ in range(40):
+        _, info = rb.get_batch(1000, 1)
+        counts.update(zip(info.env_ids.tolist(), info.positions.tolist(), strict=True))
+    weights = priorities.double() ** alpha
+    expected = (weights / weights.sum() * 40_000).tolist()
+    observed = [counts[(int(e), int(p))] for e, p in zip(envs, pos, strict=True)]
+    assert chi_square_p_value(observed, expected) > 0.001
+    # The test has power: uniform frequencies are rejected.
+    assert chi_square_p_value(observed, [2000.0] * 20) < 1e-6
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_importance_weights_match_definition(device):
+    rb = ReplayBuffer(SPEC, 2, 8, prioritized_sampling=True, device=device, seed=0)
+    fill(rb, 8)
+    rb.update_priority(
+        torch.tensor([0, 1, 1]), torch.tensor([2, 0, 5]), torch.tensor([4.0, 0.5, 9.0])
+    )
+    _, info = rb.get_batch(64, 3)
+    # Valid starts for batch_length 3: positions 0..5 in each env.
+    prio = {(e, p): 1.0 for e in range(2) for p in range(6)}
+    prio.update({(0, 2): 4.0, (1, 0): 0.5, (1, 5): 9.0})
+    mean = sum(prio.values()) / len(prio)
+    expected = [
+        prio[(e, p)] / mean
+        for e, p in zip(info.env_ids.tolist(), info.positions.tolist(), strict=True)
+    ]
+    assert info.importance_weights.tolist() == pytest.approx(expected, rel=1e-6)
+
+    beta = 0.4
+    per = ReplayBuffer(SPEC, 1, 4, prioritized_sampling=True, per=PER(beta=beta), seed=0)
+    fill(per, 4)
+    per.update_priority(torch.zeros(4), torch.arange(4), torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    _, info = per.get_batch(16, 1)
+    n_p = torch.tensor([1.0, 2.0, 3.0, 4.0]) * 4 / 10
+    want = (n_p**-beta / (n_p.min() ** -beta))[info.positions]
+    assert info.importance_weights.tolist() == pytest.approx(want.tolist(), rel=1e-6)
+
+
+def test_without_replacement_is_stratified_and_env_ordered():
+    rb = ReplayBuffer(SPEC, 4, 16, seed=1)
+    fill(rb, 16)
+    _, info = rb.get_batch(64, 1)
+    pairs = list(zip(info.env_ids.tolist(), info.positions.tolist(), strict=True))
+    assert len(set(pairs)) == 64  # 64 draws from 64 equal slots: each exactly once
+    assert info.env_ids.tolist() == sorted(info.env_ids.tolist())
+
+
+def test_recent_data_ratio_is_honoured():
+    rb = ReplayBuffer(SPEC, 2, 100, recent_data_steps=5, recent_data_ratio=0.5, seed=2)
+    fill(rb, 100)
+    recent = 0
+    for _ in range(20):
+        _, info = rb.get_batch(100, 2)
+        newest_start = 100 - 2 + 1
+        recent += int((info.positions >= newest_start - 5).sum())
+    # Half the batch comes from the 5 newest starts, plus their share of the rest.
+    expected = 2000 * (0.5 + 0.5 * 5 / 99)
+    assert abs(recent - expected) < 0.05 * 2000
+
+
+def test_ere_emphasizes_recent_data():
+    rb = ReplayBuffer(SPEC, 2, 500, seed=4)
+    fill(rb, 500)
+    ere = ERE(eta=0.99, cmin=20)
+    assert ere.recent_count(1000, 0, 10) == 1000
+    late = ere.sample_range(rb, 9, 10)
+    c9 = ere.recent_count(1000, 9, 10)
+    assert c9 == max(int(1000 * 0.99**900), 20)
+    _, info = rb.get_batch(200, 1, sample_range=late)
+    assert int(info.positions.min()) >= 500 - math.ceil(c9 / 2)
+    _, early = rb.get_batch(200, 1, sample_range=ere.sample_range(rb, 0, 10))
+    assert float(early.positions.double().mean()) < float(info.positions.double().mean())
+
+
+# ----------------------------------------------------------------- ALF defects
+@pytest.mark.parametrize("device", DEVICES)
+def test_short_environment_never_sampled_into_unwritten_slots(device):
+    rb = ReplayBuffer(SPEC, 3, 10, device=device, seed=5)
+    fill(rb, 8, env_ids=[0])
+    fill(rb, 2, env_ids=[1])  # fewer than batch_length
+    for _ in range(20):
+        data, info = rb.get_batch(32, 4)
+        assert set(info.env_ids.tolist()) == {0}
+        assert (info.positions <= 4).all()
+        assert torch.equal(
+            data.observation[:, :, 1],
+            (info.positions[:, None] + torch.arange(4, device=device)).float(),
+        )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_clear_subset_resets_priorities_and_counters(device):
+    rb = ReplayBuffer(SPEC, 2, 6, prioritized_sampling=True, device=device, seed=0)
+    fill(rb, 6)
+    rb.update_priority(torch.tensor([0, 1]), torch.tensor([1, 1]), torch.tensor([50.0, 7.0]))
+    rb.get_batch(8, 1)
+    rb.clear(torch.tensor([0]))
+    assert rb.writer.current_size.tolist() == [0, 6]
+    assert float(rb.sampler.priority[:6].abs().sum()) == 0.0
+    assert int(rb.slot_info.use_count[:6].sum()) == 0
+    assert rb.sampler.initial_priority == 7.0  # env 0's 50 is forgotten
+    # A late update for cleared data is ignored, not an error and not resurrected.
+    applied = rb.update_priority(torch.tensor([0]), torch.tensor([1]), torch.tensor([99.0]))
+    assert applied.tolist() == [False]
+    _, info = rb.get_batch(16, 1)
+    assert set(info.env_ids.tolist()) == {1}
+    rb.clear()
+    assert int(rb.total_size) == 0 and rb.num_sampleable == 0
+
+
+def test_priority_updates_late_ignored_future_rejected():
+    rb = ReplayBuffer(SPEC, 1, 4, prioritized_sampling=True, seed=0)
+    fill(rb, 6)  # positions 2..5 stored
+    applied = rb.update_priority(
+        torch.tensor([0, 0]), torch.tensor([1, 3]), torch.tensor([5.0, 6.0])
+    )
+    assert applied.tolist() == [False, True]
+    assert float(rb.sampler.priority[3 % 4]) == 6.0
+    with pytest.raises(ValueError):
+        rb.update_priority(torch.tensor([0]), torch.tensor([6]), torch.tensor([1.0]))
+
+
+def test_gather_all_empty_and_full():
+    rb = ReplayBuffer(SPEC, 2, 4)
+    data, info = rb.gather_all()
+    assert data.observation.shape == (2, 0, 4) and data.reward.shape == (2, 0)
+    fill(rb, 6)
+    data, info = rb.gather_all()
+    assert data.observation[0, :, 1].tolist() == [2.0, 3.0, 4.0, 5.0]
+    assert info.positions.tolist() == [2, 2]
+    uneven = ReplayBuffer(SPEC, 2, 4)
+    fill(uneven, 1, env_ids=[0])
+    with pytest.raises(ValueError):
+        uneven.gather_all()
+
+
+def test_changing_batch_length_keeps_learned_priorities():
+    rb = ReplayBuffer(SPEC, 1, 8, prioritized_sampling=True, seed=0)
+    fill(rb, 8)
+    rb.update_priority(torch.tensor([0]), torch.tensor([6]), torch.tensor([30.0]))
+    rb.get_batch(4, 4)  # position 6 cannot start 4 steps: masked, priority kept
+    assert float(rb.sampler.sum_tree.get_float64(6)) == 0.0
+    rb.get_batch(4, 1)
+    assert float(rb.sampler.sum_tree.get_float64(6)) == 30.0
+
+
+# ----------------------------------------------------------------- state
+@pytest.mark.parametrize("device", DEVICES)
+def test_restored_buffer_samples_exactly_like_the_original(device):
+    kwargs = dict(prioritized_sampling=True, device=device, keep_episodic_info=True)
+    rb = ReplayBuffer(SPEC, 3, 16, seed=9, **kwargs)
+    for t in range(40):
+        rb.add_batch(steps([0, 1, 2], t, StepType.FIRST if t % 7 == 0 else StepType.MID))
+        if t % 5 == 4:
+            _, info = rb.get_batch(8, 2)
+            rb.update_priority(info.env_ids, info.positions, torch.rand(8) * 10)
+    state = rb.state_dict()
+    restored = ReplayBuffer(SPEC, 3, 16, seed=123, **kwargs)
+    restored.load_state_dict(state)
+    for _ in range(3):
+        a, ia = rb.get_batch(16, 3)
+        b, ib = restored.get_batch(16, 3)
+        assert torch.equal(ia.positions, ib.positions) and torch.equal(ia.env_ids, ib.env_ids)
+        assert torch.equal(ia.importance_weights, ib.importance_weights)
+        assert torch.equal(a.observation, b.observation)
+    # state_dict returns copies: later writes do not change a saved state.
+    saved = state["storage"]["observation"].clone()
+    fill(rb, 3)
+    assert torch.equal(state["storage"]["observation"], saved)
+
+
+def test_memory_mapped_storage_reattaches(tmp_path):
+    kwargs = dict(prioritized_sampling=True, storage_dir=str(tmp_path / "replay"), seed=0)
+    rb = ReplayBuffer(SPEC, 2, 8, **kwargs)
+    fill(rb, 11)
+    rb.update_priority(torch.tensor([1]), torch.tensor([9]), torch.tensor([40.0]))
+    rb.flush()
+    del rb
+    again = ReplayBuffer(SPEC, 2, 8, **kwargs)
+    assert again.reattached
+    assert again.writer.current_pos.tolist() == [11, 11]
+    data, _ = again.gather_all()
+    assert data.observation[1, :, 1].tolist() == [float(t) for t in range(3, 11)]
+    assert again.sampler.sum_tree.total() == pytest.approx(15 + 40.0)
+    with pytest.raises(ValueError):
+        ReplayBuffer(SPEC, 2, 16, **kwargs)  # a different buffer on the same files
+
+
+# ----------------------------------------------------------------- episodes
+def test_discounted_return_backfilled_on_termination():
+    rb = ReplayBuffer(SPEC, 1, 16, record_episodic_return=True, gamma=0.5, default_return=-9.0)
+    kinds = [
+        StepType.FIRST,
+        StepType.MID,
+        StepType.MID,
+        StepType.LAST,
+        StepType.FIRST,
+        StepType.MID,
+    ]
+    rewards = [0.0, 1.0, 2.0, 4.0, 0.0, 1.0]
+    discounts = [1.0, 1.0, 1.0, 0.0, 1.0, 1.0]
+    for k, r, d in zip(kinds, rewards, discounts, strict=True):
+        rb.add_batch(
+            Step(torch.tensor([int(k)]), torch.tensor([r]), torch.tensor([d]), torch.zeros(1, 4))
+        )
+    got = rb.episodes.discounted_return[0, :6].tolist()
+    g2 = 4.0
+    g1 = 2.0 + 0.5 * g2
+    g0 = 1.0 + 0.5 * g1
+    assert got == pytest.approx([g0, g1, g2, -9.0, -9.0, -9.0])
+    _, info = rb.get_batch(4, 1)
+    assert info.discounted_return.shape == (4,)
+
+
+def test_truncation_keeps_bootstrap_in_nstep():
+    from storage import nstep_returns
+
+    rb = ReplayBuffer(SPEC, 1, 8)
+    for k, d in [
+        (StepType.FIRST, 1.0),
+        (StepType.MID, 1.0),
+        (StepType.LAST, 1.0),
+        (StepType.FIRST, 1.0),
+    ]:
+        rb.add_batch(
+            Step(torch.tensor([int(k)]), torch.tensor([1.0]), torch.tensor([d]), torch.zeros(1, 4))
+        )
+    result = nstep_returns(rb, torch.tensor([0]), torch.tensor([0]), 5, 0.9)
+    assert result.steps.tolist() == [2]  # stops at the truncated LAST
+    assert result.returns.tolist() == pytest.approx([1.9])
+    assert result.bootstrap_discount.tolist() == pytest.approx([0.81])
+
+
+# ----------------------------------------------------------------- controls
+def test_max_use_evicts_after_n_draws():
+    rb = ReplayBuffer(SPEC, 1, 10, with_replacement=True, controls=(MaxUse(2),), seed=0)
+    fill(rb, 10)
+    for _ in range(5):
+        if rb.num_sampleable == 0:
+            break
+        rb.get_batch(min(3, rb.num_sampleable), 1)
+    assert int(rb.slot_info.use_count.max()) <= 2 + 2  # at most one batch past the limit
+    evicted = rb.sampler.evicted.nonzero().reshape(-1)
+    assert (rb.slot_info.use_count[evicted] >= 2).all()
+    fill(rb, 1)  # rewriting a slot makes it sampleable again
+    assert not bool(rb.sampler.evicted[0])
+
+
+def test_max_staleness_and_statistics():
+    stats = SampleStatistics()
+    rb = ReplayBuffer(SPEC, 2, 50, controls=(MaxStaleness(3), stats), seed=0)
+    for version in range(10):
+        fill(rb, 3, version=version)
+    for _ in range(5):
+        _, info = rb.get_batch(32, 1, learner_iter=10)
+        assert (rb.slot_info.version[info.env_ids * 50 + info.positions % 50] >= 7).all()
+    assert stats.last["staleness_max"] <= 3
+    assert stats.last["use_mean"] >= 1
+
+
+def test_throughput_monitor_periods():
+    now = [0.0]
+    monitor = ThroughputMonitor(period_s=10, clock=lambda: now[0])
+    rb = ReplayBuffer(SPEC, 2, 4, controls=(monitor,), seed=0)
+    fill(rb, 5)  # 10 pushed, 2 overwritten
+    rb.get_batch(6, 1)
+    assert monitor.poll() is None
+    now[0] = 10.5
+    report = monitor.poll()
+    assert report["pushed"] == 10 and report["sampled"] == 6 and report["removed"] == 2
+    assert report["valid"] == 8
+
+
+def test_episode_replay_buffer_windows_are_uniform():
+    buf = EpisodeReplayBuffer(3, seed=0)
+    for length in (3, 5, 1):
+        buf.push({"obs": torch.arange(length).float()})
+    data, episode_ids, starts = buf.sample(6000, 2)
+    assert set(episode_ids.tolist()) == {0, 1}
+    counts = Counter(zip(episode_ids.tolist(), starts.tolist(), strict=True))
+    assert len(counts) == 2 + 4  # every window that fits, and only those
+    assert chi_square_p_value(list(counts.values()), [1000.0] * 6) > 0.001
+    assert torch.equal(data["obs"][:, 1] - data["obs"][:, 0], torch.ones(6000))
+    state = buf.state_dict()
+    again = EpisodeReplayBuffer(3)
+    again.load_state_dict(state)
+    assert torch.equal(again.sample(5, 2)[2], buf.sample(5, 2)[2])
