@@ -1,0 +1,274 @@
+"""Replay storage benchmark: our trees and buffer against peers, one CPU thread.
+
+For each capacity (2^17 and 2^20 by default) and batch 256 it times, in microseconds per
+call (best of several rounds of many calls):
+
+  (a) priority update of 256 slots      (b) prioritized sample of 256 indices
+  (c) full get_batch of 256 (4-float observation, with importance weights)
+  (d) add_batch of one step for each of 16 environments
+
+for Conduit (default kernel, plus every other tree kernel for (a)/(b)), a level-by-level
+binary torch tree in ALF's design, cpprb's PrioritizedReplayBuffer and TorchRL's
+prioritized buffer and C++ segment trees when they import (optional: TorchRL's compiled
+extension needs the torch it was built for; a peer that does not import is reported as
+skipped with the reason). The last line is one JSON object with every time and the
+ratios peer / ours (above 1 means we are faster).
+
+    python bench/replay.py [--capacities 17 20] [--batch 256] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from storage import PER, ReplayBuffer, SumSegmentTree, TensorSpec  # noqa: E402
+from storage.segment_tree import available_backends, default_backend  # noqa: E402
+
+NUM_ENVS = 16
+
+
+def time_us(fn, calls: int, rounds: int) -> float:
+    """Best mean over ``rounds`` of ``calls`` calls, in microseconds (after a warm-up)."""
+    for _ in range(min(calls, 20)):
+        fn()
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+class BinaryTorchTree:
+    """ALF's layout, for reference: binary sum tree walked level by level with torch ops."""
+
+    def __init__(self, capacity: int):
+        self.leaf0 = 1 << max(1, (capacity - 1).bit_length())
+        self.values = torch.zeros(2 * self.leaf0, dtype=torch.float64)
+        self.depth = self.leaf0.bit_length() - 1
+
+    def fill(self, leaves):
+        self.values[self.leaf0 : self.leaf0 + leaves.numel()] = leaves
+        for level in range(self.depth - 1, -1, -1):
+            lo, hi = 1 << level, 1 << (level + 1)
+            self.values[lo:hi] = (
+                self.values[2 * lo : 2 * hi : 2] + self.values[2 * lo + 1 : 2 * hi : 2]
+            )
+
+    def set(self, idx, vals):
+        nodes = idx + self.leaf0
+        self.values[nodes] = vals
+        for _ in range(self.depth):
+            nodes = torch.unique(nodes >> 1)
+            self.values[nodes] = self.values[2 * nodes] + self.values[2 * nodes + 1]
+
+    def find(self, thresholds):
+        nodes = torch.ones_like(thresholds, dtype=torch.int64)
+        t = thresholds.clone()
+        for _ in range(self.depth):
+            left = self.values[2 * nodes]
+            go_right = t >= left
+            t = torch.where(go_right, t - left, t)
+            nodes = 2 * nodes + go_right.to(torch.int64)
+        return nodes - self.leaf0
+
+
+def bench_ours(capacity, batch, calls, rounds, results):
+    gen = torch.Generator().manual_seed(0)
+    idx = torch.randint(capacity, (batch,), generator=gen)
+    prios = torch.rand(batch, generator=gen) + 0.1
+    leaves = torch.rand(capacity, generator=gen, dtype=torch.float64) + 0.01
+    for backend in available_backends("cpu"):
+        tree = SumSegmentTree(capacity, backend=backend)
+        tree.fill(leaves)
+        thresholds = torch.rand(batch, generator=gen, dtype=torch.float64) * tree.total()
+        slow = backend == "torch"
+        n = max(calls // 10, 20) if slow else calls
+        results[f"conduit_tree[{backend}].update"] = time_us(
+            lambda: tree.__setitem__(idx, prios), n, rounds
+        )
+        results[f"conduit_tree[{backend}].sample_indices"] = time_us(
+            lambda: tree.find_sum_bound(thresholds), n, rounds
+        )
+
+    spec = {
+        "step_type": TensorSpec((), torch.int64),
+        "reward": TensorSpec(()),
+        "discount": TensorSpec(()),
+        "observation": TensorSpec((4,)),
+    }
+    rb = ReplayBuffer(
+        spec, NUM_ENVS, capacity // NUM_ENVS, prioritized_sampling=True, per=PER(alpha=0.6), seed=0
+    )
+    _bulk_fill(rb, capacity)
+    env_ids = idx % NUM_ENVS
+    positions = rb.writer.current_pos[env_ids] - 1 - (idx // NUM_ENVS) % (capacity // NUM_ENVS)
+    results["conduit_buffer.update"] = time_us(
+        lambda: rb.update_priority(env_ids, positions, prios), calls, rounds
+    )
+    g = torch.Generator().manual_seed(1)
+    results["conduit_buffer.sample_indices"] = time_us(
+        lambda: rb.sampler.sample(batch, g, with_replacement=True), calls, rounds
+    )
+    results["conduit_buffer.get_batch"] = time_us(lambda: rb.get_batch(batch, 1), calls, rounds)
+    step = _step_batch(NUM_ENVS, 0)
+    results["conduit_buffer.add_batch"] = time_us(lambda: rb.add_batch(step), calls, rounds)
+
+
+def _step_batch(n, t):
+    return {
+        "step_type": torch.ones(n, dtype=torch.int64),
+        "reward": torch.ones(n),
+        "discount": torch.ones(n),
+        "observation": torch.full((n, 4), float(t)),
+    }
+
+
+def _bulk_fill(rb, capacity):
+    """Fill every ring (writing the parts directly is much faster than 65k add_batch calls)."""
+    length = capacity // NUM_ENVS
+    rb.storage.data["observation"].copy_(torch.rand(NUM_ENVS, length, 4))
+    rb.storage.data["step_type"].fill_(1)
+    rb.storage.data["reward"].fill_(1.0)
+    rb.storage.data["discount"].fill_(1.0)
+    rb.writer.current_pos.fill_(length)
+    rb.writer.current_size.fill_(length)
+    rb.sampler.priority.copy_(torch.rand(NUM_ENVS * length, dtype=torch.float64) + 0.1)
+    rb.sampler.rebuild()
+
+
+def bench_alf_tree(capacity, batch, calls, rounds, results):
+    gen = torch.Generator().manual_seed(0)
+    tree = BinaryTorchTree(capacity)
+    tree.fill(torch.rand(capacity, generator=gen, dtype=torch.float64) + 0.01)
+    idx = torch.randint(capacity, (batch,), generator=gen)
+    vals = torch.rand(batch, generator=gen, dtype=torch.float64)
+    thresholds = torch.rand(batch, generator=gen, dtype=torch.float64) * float(tree.values[1])
+    n = max(calls // 20, 10)
+    results["alf_binary_torch_tree.update"] = time_us(lambda: tree.set(idx, vals), n, rounds)
+    results["alf_binary_torch_tree.sample_indices"] = time_us(
+        lambda: tree.find(thresholds), n, rounds
+    )
+
+
+def bench_cpprb(capacity, batch, calls, rounds, results, skipped):
+    try:
+        import cpprb
+    except ImportError as exc:
+        skipped["cpprb"] = f"not importable: {exc}"
+        return
+    rb = cpprb.PrioritizedReplayBuffer(capacity, {"obs": {"shape": 4}}, alpha=0.6)
+    chunk = 65536
+    for _ in range(capacity // chunk):
+        rb.add(obs=np.random.rand(chunk, 4), priorities=np.random.rand(chunk) + 0.1)
+    idx = np.random.default_rng(0).integers(0, capacity, batch)
+    prios = np.random.default_rng(1).random(batch) + 0.1
+    results["cpprb.update"] = time_us(lambda: rb.update_priorities(idx, prios), calls, rounds)
+    results["cpprb.get_batch"] = time_us(lambda: rb.sample(batch, beta=0.4), calls, rounds)
+    step = np.random.rand(NUM_ENVS, 4)
+    results["cpprb.add_batch"] = time_us(lambda: rb.add(obs=step), calls, rounds)
+
+
+def bench_torchrl(capacity, batch, calls, rounds, results, skipped):
+    try:
+        from torchrl._torchrl import SumSegmentTreeFp64
+        from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
+        from tensordict import TensorDict
+    except Exception as exc:  # ImportError, or a compiled extension built for another torch
+        skipped["torchrl"] = f"not importable with torch {torch.__version__}: {exc!s:.160}"
+        return
+    tree = SumSegmentTreeFp64(capacity)
+    tree[np.arange(capacity)] = np.random.rand(capacity) + 0.01
+    idx = np.random.default_rng(0).integers(0, capacity, batch)
+    vals = np.random.rand(batch)
+    thresholds = np.random.rand(batch) * tree.query(0, capacity)
+    results["torchrl_cpp_tree.update"] = time_us(lambda: tree.__setitem__(idx, vals), calls, rounds)
+    results["torchrl_cpp_tree.sample_indices"] = time_us(
+        lambda: tree.scan_lower_bound(thresholds), calls, rounds
+    )
+    rb = TensorDictPrioritizedReplayBuffer(
+        alpha=0.6, beta=0.4, storage=LazyTensorStorage(capacity), batch_size=batch
+    )
+    chunk = 65536
+    for _ in range(capacity // chunk):
+        rb.extend(TensorDict({"obs": torch.rand(chunk, 4)}, batch_size=[chunk]))
+    sample = rb.sample()
+    results["torchrl_buffer.get_batch"] = time_us(lambda: rb.sample(), calls // 4, rounds)
+    prio = torch.rand(batch) + 0.1
+    results["torchrl_buffer.update"] = time_us(
+        lambda: rb.update_priority(sample["index"], prio), calls // 4, rounds
+    )
+
+
+PEER_FOR = {
+    "update": ["torchrl_cpp_tree", "cpprb", "torchrl_buffer", "alf_binary_torch_tree"],
+    "sample_indices": ["torchrl_cpp_tree", "alf_binary_torch_tree"],
+    "get_batch": ["cpprb", "torchrl_buffer"],
+    "add_batch": ["cpprb"],
+}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--capacities", type=int, nargs="+", default=[17, 20], help="log2 sizes")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--quick", action="store_true", help="fewer calls (smoke run)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    calls, rounds = (50, 2) if args.quick else (400, 7)
+    report = {
+        "batch": args.batch,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(),
+        "default_tree_kernel": default_backend("cpu"),
+        "results_us": {},
+        "ratios_peer_over_ours": {},
+        "skipped": {},
+    }
+    for log2 in args.capacities:
+        capacity = 2**log2
+        results, skipped = {}, {}
+        bench_ours(capacity, args.batch, calls, rounds, results)
+        bench_alf_tree(capacity, args.batch, calls, rounds, results)
+        bench_cpprb(capacity, args.batch, calls, rounds, results, skipped)
+        bench_torchrl(capacity, args.batch, calls, rounds, results, skipped)
+        key = f"2^{log2}"
+        report["results_us"][key] = {k: round(v, 1) for k, v in results.items()}
+        report["skipped"].update(skipped)
+        ratios = {}
+        ours_for = {
+            "update": results["conduit_buffer.update"],
+            "sample_indices": results["conduit_buffer.sample_indices"],
+            "get_batch": results["conduit_buffer.get_batch"],
+            "add_batch": results["conduit_buffer.add_batch"],
+        }
+        print(f"capacity {key}, batch {args.batch}, one thread (microseconds per call)")
+        for name, value in results.items():
+            print(f"  {name:45s} {value:10.1f}")
+        for op, peers in PEER_FOR.items():
+            for peer in peers:
+                if f"{peer}.{op}" in results:
+                    ratios[f"{peer}.{op}"] = round(results[f"{peer}.{op}"] / ours_for[op], 2)
+        report["ratios_peer_over_ours"][key] = ratios
+        for name, why in skipped.items():
+            print(f"  skipped {name}: {why}")
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
