@@ -174,3 +174,16 @@ def test_experience_dict_round_trip():
     back = Experience.from_dict(d)
     assert set(back.rollout_info) == {"log_prob"}
     assert back.time_step.observation.shape == (2, 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name,obs_space,act_space", CASES, ids=IDS)
+def test_runs_on_cuda(name, obs_space, act_space):
+    alg = algorithms.make(name, obs_space, act_space, device="cuda", **SMALL[name])
+    batch = _batch(alg, obs_space, act_space)
+    result = alg.train_on(batch)
+    assert np.isfinite(result.metrics["loss/total"])
+    assert all(v.device.type == "cpu" for v in alg.policy_state_dict().values())
+    ts = _time_step(obs_space, act_space, 2, np.random.default_rng(0))
+    assert alg.predict_step(ts).output.device.type == "cuda"
