@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import torch
 
 from algorithms.base import RLAlgorithm
-from algorithms.data import AlgStep, Experience, LossInfo, StepType, TimeStep
+from algorithms.data import AlgStep, Experience, LossInfo, StepType, TimeStep, to_tensor
 from algorithms.losses import TDLoss
 from algorithms.networks import ActorNetwork, ParallelCriticNetwork
 
@@ -112,8 +111,7 @@ class DdpgAlgorithm(RLAlgorithm):
         if self.exploration_noise == "ou":
             if self._ou_state is None or self._ou_state.shape != a.shape:
                 self._ou_state = torch.zeros_like(a)
-            first = torch.as_tensor(np.asarray(time_step.step_type) == StepType.FIRST,
-                                    device=self.device)
+            first = to_tensor(time_step.step_type, self.device) == StepType.FIRST
             self._ou_state[first] = 0.0
             self._ou_state += (-self.ou_damping * self._ou_state
                                + self.ou_stddev * torch.randn_like(a))
