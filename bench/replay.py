@@ -96,13 +96,14 @@ def bench_ours(capacity, batch, calls, rounds, results):
         tree = SumSegmentTree(capacity, backend=backend)
         tree.fill(leaves)
         thresholds = torch.rand(batch, generator=gen, dtype=torch.float64) * tree.total()
-        slow = backend == "torch"
-        n = max(calls // 10, 20) if slow else calls
+        n = max(calls // 10, 20) if backend == "torch" else calls
+        update = tree.__setitem__
+        find = tree.find_sum_bound
         results[f"conduit_tree[{backend}].update"] = time_us(
-            lambda: tree.__setitem__(idx, prios), n, rounds
+            lambda update=update: update(idx, prios), n, rounds
         )
         results[f"conduit_tree[{backend}].sample_indices"] = time_us(
-            lambda: tree.find_sum_bound(thresholds), n, rounds
+            lambda find=find, thresholds=thresholds: find(thresholds), n, rounds
         )
 
     spec = {
@@ -185,9 +186,9 @@ def bench_cpprb(capacity, batch, calls, rounds, results, skipped):
 
 def bench_torchrl(capacity, batch, calls, rounds, results, skipped):
     try:
+        from tensordict import TensorDict
         from torchrl._torchrl import SumSegmentTreeFp64
         from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
-        from tensordict import TensorDict
     except Exception as exc:  # ImportError, or a compiled extension built for another torch
         skipped["torchrl"] = f"not importable with torch {torch.__version__}: {exc!s:.160}"
         return

@@ -431,7 +431,7 @@ class ReplayBuffer(RingBuffer):
         """
         if not self._prioritized_sampling:
             raise ValueError("update_priority needs prioritized_sampling=True")
-        env_ids = self._env_ids(env_ids)
+        env_ids = torch.as_tensor(env_ids, dtype=torch.int64, device=self._device).reshape(-1)
         positions = torch.as_tensor(positions, dtype=torch.int64, device=self._device).reshape(-1)
         priorities = torch.as_tensor(priorities, device=self._device).reshape(-1)
         if not env_ids.shape == positions.shape == priorities.shape:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from storage.allocator import MemoryAllocator
@@ -81,7 +82,31 @@ class SlotSampler:
             if prioritized and self.per.beta is not None
             else None
         )
+        self._bind_arrays()
         self.rebuild()
+
+    # ----------------------------------------------------------------- arrays
+    # The bookkeeping below is a few dozen element-wise operations on small index
+    # batches. On a CPU they run on numpy views of the same tensors (about a
+    # microsecond per operation instead of several for torch); elsewhere on torch.
+    # Both libraries share the operator syntax used here, and ``xp`` names the other.
+    def _bind_arrays(self) -> None:
+        on_cpu = self.device.type == "cpu"
+        self.xp = np if on_cpu else torch
+        view = (lambda t: t.numpy()) if on_cpu else (lambda t: t)
+        self._cur = view(self.writer.current_pos)
+        self._size = view(self.writer.current_size)
+        self._evicted = view(self.evicted)
+        self._priority = view(self.priority)
+
+    def _arr(self, t):
+        """A caller's tensor as this sampler's array type (zero-copy on CPU)."""
+        if self.xp is np:
+            return t.numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
+        return torch.as_tensor(t, device=self.device)
+
+    def _tensor(self, a):
+        return torch.from_numpy(np.ascontiguousarray(a)) if self.xp is np else a
 
     # ----------------------------------------------------------------- weights
     @property
@@ -97,37 +122,38 @@ class SlotSampler:
 
     def _start_valid(self, env_ids, pos):
         """Whether (env, pos) may start a sequence of ``batch_length`` steps now."""
-        current = self.writer.current_pos[env_ids]
-        earliest = current - self.writer.current_size[env_ids]
+        current = self._cur[env_ids]
+        earliest = current - self._size[env_ids]
         slots = env_ids * self.max_length + pos % self.max_length
-        return (
-            (pos >= earliest + self.num_earliest_frames_ignored)
-            & (pos + self.batch_length <= current)
-            & ~self.evicted[slots]
-        ), slots
+        valid = (pos >= earliest + self.num_earliest_frames_ignored) & (
+            pos + self.batch_length <= current
+        )
+        return valid & ~self._evicted[slots], slots
 
     def _weights(self, valid, slots):
+        xp = self.xp
         if not self.prioritized:
-            return valid.to(torch.float64)
-        base = self.priority[slots] + self.per.epsilon
+            return valid * 1.0
+        base = self._priority[slots] + self.per.epsilon
         if self.per.alpha != 1.0:
             base = base**self.per.alpha
-        return torch.where(valid, base, torch.zeros_like(base))
+        return xp.where(valid, base, 0.0 * base)
 
     def _set_leaves(self, slots, weights):
         self.sum_tree[slots] = weights
         if self.min_tree is not None:
-            self.min_tree[slots] = torch.where(
-                weights > 0, weights, torch.full_like(weights, float("inf"))
-            )
+            self.min_tree[slots] = self.xp.where(weights > 0, weights, weights * 0 + float("inf"))
 
-    def refresh(self, env_ids, pos) -> None:
-        """Recompute the leaves of (env, pos) pairs that are stored now."""
-        current = self.writer.current_pos[env_ids]
-        stored = (pos >= current - self.writer.current_size[env_ids]) & (pos < current)
+    def _refresh(self, env_ids, pos) -> None:
+        current = self._cur[env_ids]
+        stored = (pos >= current - self._size[env_ids]) & (pos < current)
         env_ids, pos = env_ids[stored], pos[stored]
         valid, slots = self._start_valid(env_ids, pos)
         self._set_leaves(slots, self._weights(valid, slots))
+
+    def refresh(self, env_ids, pos) -> None:
+        """Recompute the leaves of (env, pos) pairs that are stored now."""
+        self._refresh(self._arr(env_ids), self._arr(pos))
 
     def rebuild(self) -> None:
         """Recompute every leaf from the writer, priorities and evictions (O(slots))."""
@@ -136,8 +162,8 @@ class SlotSampler:
         pos = self.writer.position_of_slot(env_ids, idx)
         current = self.writer.current_pos[env_ids]
         stored = pos >= current - self.writer.current_size[env_ids]
-        valid, slots = self._start_valid(env_ids, pos)
-        weights = self._weights(valid & stored, slots)
+        valid, slots = self._start_valid(self._arr(env_ids), self._arr(pos))
+        weights = self._tensor(self._weights(valid & self._arr(stored), slots))
         self.sum_tree.fill(weights)
         if self.max_tree is not None:
             self.max_tree.fill(torch.where(stored, self.priority, torch.zeros_like(self.priority)))
@@ -156,21 +182,22 @@ class SlotSampler:
     # ----------------------------------------------------------------- events
     def on_write(self, env_ids, pos) -> None:
         """New steps at (env, pos): fresh priority, and the starts whose validity moved."""
-        slots = self.writer.slots(env_ids, pos)
-        self.evicted[slots] = False
+        xp = self.xp
+        env_ids, pos = self._arr(env_ids), self._arr(pos)
+        slots = env_ids * self.max_length + pos % self.max_length
+        self._evicted[slots] = False
         if self.prioritized:
             priority = self.initial_priority
-            self.priority[slots] = priority
+            self._priority[slots] = priority
             self.max_tree[slots] = priority
         length = self.batch_length
-        earliest = self.writer.earliest(env_ids)
+        earliest = self._cur[env_ids] - self._size[env_ids]
         # The new step itself (valid when batch_length is 1), the start whose sequence
         # it completes, and the start that fell out of the ignored-earliest window.
-        cand_env = torch.cat([env_ids, env_ids, env_ids])
-        cand_pos = torch.cat(
-            [pos, pos - length + 1, earliest + self.num_earliest_frames_ignored - 1]
-        )
-        self.refresh(cand_env, cand_pos)
+        cat = np.concatenate if xp is np else torch.cat
+        cand_env = cat([env_ids, env_ids, env_ids])
+        cand_pos = cat([pos, pos - length + 1, earliest + self.num_earliest_frames_ignored - 1])
+        self._refresh(cand_env, cand_pos)
 
     def update_priority(self, env_ids, positions, priorities) -> torch.Tensor:
         """Set learned priorities; returns the mask of updates applied.
@@ -178,27 +205,30 @@ class SlotSampler:
         Positions already overwritten are ignored (the learner answered late); positions
         never written are an error.
         """
-        current = self.writer.current_pos[env_ids]
+        env_ids, positions = self._arr(env_ids), self._arr(positions)
+        priorities = self._arr(priorities)
+        current = self._cur[env_ids]
         if bool((positions >= current).any()):
             raise ValueError("update_priority for positions that were never written")
-        if not bool(torch.isfinite(priorities).all() & (priorities >= 0).all()):
+        if not (bool((priorities >= 0).all()) and bool((priorities < float("inf")).all())):
             raise ValueError("priorities must be finite and >= 0")
-        live = positions >= current - self.writer.current_size[env_ids]
+        live = positions >= current - self._size[env_ids]
         env_ids, positions = env_ids[live], positions[live]
-        slots = self.writer.slots(env_ids, positions)
-        values = priorities[live].to(torch.float64)
-        self.priority[slots] = values
+        slots = env_ids * self.max_length + positions % self.max_length
+        values = priorities[live] * 1.0
+        self._priority[slots] = values
         if self.max_tree is not None:
             self.max_tree[slots] = values
-        self.refresh(env_ids, positions)
-        return live
+        self._refresh(env_ids, positions)
+        return self._tensor(live)
 
     def evict(self, slots) -> None:
         """Stop ``slots`` from being sampled until they are written again."""
-        if slots.numel() == 0:
+        slots = self._arr(slots)
+        if slots.shape[0] == 0:
             return
-        self.evicted[slots] = True
-        self._set_leaves(slots, torch.zeros(slots.shape, dtype=torch.float64, device=self.device))
+        self._evicted[slots] = True
+        self._set_leaves(slots, slots * 0.0)
 
     def clear(self, env_ids) -> None:
         """Forget priorities and evictions of ``env_ids`` (the writer was cleared too)."""
@@ -207,7 +237,7 @@ class SlotSampler:
         ).reshape(-1)
         self.priority[slots] = 0.0
         self.evicted[slots] = False
-        self._set_leaves(slots, torch.zeros(slots.shape, dtype=torch.float64, device=self.device))
+        self._set_leaves(self._arr(slots), self._arr(slots) * 0.0)
         if self.max_tree is not None:
             self.max_tree[slots] = 0.0
 
@@ -278,7 +308,7 @@ class SlotSampler:
             return torch.ones(slots.shape, dtype=torch.float32, device=self.device)
         total = self.sum_tree.total()
         nnz = self.sum_tree.nnz
-        leaf = self.sum_tree.get_float64(slots)
+        leaf = self.sum_tree.leaves()[slots]  # slots came from this tree: no range check
         ratio = leaf * (nnz / total)
         if self.per.beta is None:
             return ratio.to(torch.float32)
