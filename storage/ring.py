@@ -42,7 +42,7 @@ class RingStorage:
     def read(self, env_ids: torch.Tensor, idx: torch.Tensor):
         """Steps at (``env_ids``, ``idx``); ``env_ids`` broadcasts against ``idx``."""
         slots = (env_ids * self.max_length + idx).reshape(-1)
-        shape = tuple(max(a, b) for a, b in zip(env_ids.shape, idx.shape, strict=True))
+        shape = tuple(b if a == 1 else a for a, b in zip(env_ids.shape, idx.shape, strict=True))
 
         def take(buf):
             flat = buf.reshape((self.num_envs * self.max_length,) + buf.shape[2:])
