@@ -195,6 +195,13 @@ def _numpy_experience(ts: TimeStep, step: AlgStep) -> Experience:
     return Experience(*ts, action=_to_numpy_action(step.output), rollout_info=info)
 
 
+def stack_experience(rows: list[Experience], axis: int = 0) -> Experience:
+    """Stack per-step experiences ``[B]`` into ``[T, B]`` (axis 0) or ``[B, T]`` (axis 1)."""
+    dicts = [r.to_dict() for r in rows]
+    return Experience.from_dict({k: np.stack([d[k] for d in dicts], axis) for k, v in dicts[0].items()
+                                 if not (isinstance(v, tuple) and v == ())})
+
+
 def train(alg, env_id: str, config: TrainerConfig, seed: int = 0, log=None) -> RunResult:
     """Train ``alg`` on ``env_id`` for ``config.num_env_steps`` env steps (see module doc)."""
     threads = torch.get_num_threads()
@@ -244,9 +251,7 @@ def train(alg, env_id: str, config: TrainerConfig, seed: int = 0, log=None) -> R
                 rows.append(cur)
             if alg.on_policy:
                 # [T + 1, B]: the last row bootstraps this unroll and starts the next one.
-                batch = Experience.from_dict({k: np.stack([r.to_dict()[k] for r in rows])
-                                              for k in rows[0].to_dict()
-                                              if not isinstance(rows[0].to_dict()[k], tuple)})
+                batch = stack_experience(rows)
                 result.last_metrics = alg.train_on(batch).metrics
             elif env_steps >= config.initial_collect_steps and replay.written >= T:
                 for _ in range(config.num_updates_per_train_iter):
