@@ -407,12 +407,23 @@ class ReplayBuffer(RingBuffer):
         return lo, hi
 
     def _batch_from_slots(self, slots, batch_length, learner_iter):
-        env_ids = torch.div(slots, self._max_length, rounding_mode="floor")
-        idx0 = slots % self._max_length
-        positions = self.writer.position_of_slot(env_ids, idx0)
-        steps = torch.arange(batch_length, device=self._device)
-        idx = (positions[:, None] + steps[None, :]) % self._max_length
-        data = self.storage.read(env_ids[:, None], idx)
+        # Index arithmetic runs on the sampler's array type (numpy views on a CPU).
+        sampler = self.sampler
+        s = sampler._arr(slots)
+        length = self._max_length
+        env_a = s // length
+        idx0_a = s % length
+        current = sampler._cur[env_a]
+        positions_a = ((current - idx0_a - 1) // length) * length + idx0_a
+        env_ids, idx0 = sampler._tensor(env_a), sampler._tensor(idx0_a)
+        positions = sampler._tensor(positions_a)
+        if batch_length == 1:
+            flat = slots
+        else:
+            steps = torch.arange(batch_length, device=self._device)
+            idx = (positions[:, None] + steps[None, :]) % length
+            flat = (env_ids[:, None] * length + idx).reshape(-1)
+        data = self.storage.read_slots(flat, (slots.shape[0], batch_length))
         weights = self.sampler.importance_weights(slots)
         discounted_return = ()
         if self._record_episodic_return:

@@ -50,6 +50,15 @@ class RingStorage:
 
         return map_structure(take, self.data)
 
+    def read_slots(self, slots: torch.Tensor, shape: tuple):
+        """Steps at flat slot numbers ``env * max_length + idx``, reshaped to ``shape``."""
+
+        def take(buf):
+            flat = buf.reshape((self.num_envs * self.max_length,) + buf.shape[2:])
+            return flat.index_select(0, slots).reshape(tuple(shape) + buf.shape[2:])
+
+        return map_structure(take, self.data)
+
     def field(self, path: str):
         return get_field(self.data, path)
 

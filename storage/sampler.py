@@ -98,6 +98,7 @@ class SlotSampler:
         self._size = view(self.writer.current_size)
         self._evicted = view(self.evicted)
         self._priority = view(self.priority)
+        self._device_kw = {} if on_cpu else {"device": self.device}
 
     def _arr(self, t):
         """A caller's tensor as this sampler's array type (zero-copy on CPU)."""
@@ -255,11 +256,12 @@ class SlotSampler:
                 "nothing to sample: no environment holds a full sequence of "
                 f"batch_length={self.batch_length} steps"
             )
-        u = torch.rand(n, generator=generator, dtype=torch.float64, device=self.device)
+        u = self._arr(torch.rand(n, generator=generator, dtype=torch.float64, device=self.device))
         if not with_replacement:
-            u = (u + torch.arange(n, dtype=torch.float64, device=self.device)) / n
-            u.clamp_(max=ONE_MINUS)
-        return self.sum_tree.find_sum_bound(u * total)
+            arange = np.arange if self.xp is np else torch.arange
+            u = (u + arange(n, dtype=u.dtype, **self._device_kw)) / n
+            u = self.xp.minimum(u, u * 0 + ONE_MINUS)
+        return self.sum_tree.find_sum_bound(self._tensor(u * total))
 
     def sample_in_windows(self, n: int, generator, lo, hi):
         """``n`` slots by leaf weight among starts ``lo[e] <= pos < hi[e]`` of each env.
