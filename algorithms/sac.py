@@ -108,12 +108,19 @@ class SacAlgorithm(RLAlgorithm):
         obs = self._obs(time_step.observation)
         b = obs.shape[0]
         if int(self.rollout_env_steps) < self.initial_random_steps:
-            action = torch.as_tensor(np.stack([self.action_space.sample() for _ in range(b)]),
-                                     device=self.device)
+            action = self._uniform_actions(b)
         else:
             action = self.actor_network(obs).sample()
         self.rollout_env_steps += b
         return AlgStep(output=action, state=state, info={})
+
+    def _uniform_actions(self, b: int) -> torch.Tensor:
+        """Uniform random actions from torch's generator (seeded runs stay reproducible)."""
+        if self.discrete:
+            return torch.randint(0, int(self.action_space.n), (b,), device=self.device)
+        low = torch.as_tensor(self.action_space.low, device=self.device)
+        high = torch.as_tensor(self.action_space.high, device=self.device)
+        return low + (high - low) * torch.rand(b, *low.shape, device=self.device)
 
     # ----- training ---------------------------------------------------------------------------
     def train_step(self, experience: Experience, state=()) -> AlgStep:
