@@ -43,7 +43,7 @@ import zmq.asyncio
 
 from pipeline import codec
 from pipeline.messages import Credit, Join, Leave, LeaveAck
-from pipeline.sockets import SocketFactory, bind, recv_now, send_now
+from pipeline.sockets import SocketFactory, bind, recv_batch, recv_now, send_now, shadow_of
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,7 @@ DELIVERY_CLASSES = (RELIABLE, LATEST, LOSSY)
 
 _U64 = struct.Struct("<Q")
 _LEAVE_ACK = b"A"
+ACK_DELAY_S = 0.002  # how long an idle subscriber may sit on credit below the batch size
 _DATA = b"D"
 _CTRL = b"C"
 
@@ -169,17 +170,18 @@ class ReliablePublisher:
         self.stats.depth = max((len(g.backlog) for g in self.groups.values()), default=0)
 
     async def _serve(self) -> None:
+        shadow = shadow_of(self.sock)
         while True:
-            frames = await self.sock.recv_multipart()
-            routing_id, body = frames[0], frames[1:]
-            try:
-                msg = codec.decode(body).message
-            except codec.ProtocolError as exc:
-                self.stats.malformed += 1
-                log.warning("%s: malformed control message on %s: %s",
-                            self.bus.instance, self.topic, exc)
-                continue
-            self._on_control(routing_id, msg)
+            for frames in await recv_batch(self.sock, shadow):
+                routing_id, body = frames[0].bytes, frames[1:]
+                try:
+                    msg = codec.decode(body).message
+                except codec.ProtocolError as exc:
+                    self.stats.malformed += 1
+                    log.warning("%s: malformed control message on %s: %s",
+                                self.bus.instance, self.topic, exc)
+                    continue
+                self._on_control(routing_id, msg)
 
     def drop_instances(self, gone: set[str]) -> None:
         """The supervisor saw these instances exit: give their unacknowledged messages to
@@ -274,32 +276,35 @@ class _Connection:
         self.send_control(Credit(self.sub.topic, count))
 
     async def _read(self) -> None:
-        sub = self.sub
+        shadow = shadow_of(self.sock)
         while True:
-            frames = await self.sock.recv_multipart(copy=False)
-            tag = frames[0].bytes
-            if tag == _CTRL:
-                if frames[1].bytes == _LEAVE_ACK:
-                    self.left = True
-                    sub._wake()
-                continue
-            delivery = _U64.unpack(frames[1].bytes)[0]
-            if delivery != self.expected:
-                sub.stats.gaps += abs(delivery - self.expected)
-                log.error("%s: gap on %s from %s: expected %d, got %d", sub.bus.instance,
-                          sub.topic, self.endpoint, self.expected, delivery)
-            self.expected = delivery + 1
-            self.unacked += 1
-            try:
-                envelope = codec.decode(frames[2:])
-            except codec.ProtocolError as exc:
-                sub.stats.malformed += 1
-                log.warning("%s: dropped malformed message on %s: %s", sub.bus.instance,
-                            sub.topic, exc)
-                self.ack(1)
-                continue
-            sub._queue.append((self, envelope))
-            sub._wake()
+            for frames in await recv_batch(self.sock, shadow):
+                self._on_frames(frames)
+            self.sub._wake()
+
+    def _on_frames(self, frames) -> None:
+        sub = self.sub
+        tag = frames[0].bytes
+        if tag == _CTRL:
+            if frames[1].bytes == _LEAVE_ACK:
+                self.left = True
+            return
+        delivery = _U64.unpack(frames[1].bytes)[0]
+        if delivery != self.expected:
+            sub.stats.gaps += abs(delivery - self.expected)
+            log.error("%s: gap on %s from %s: expected %d, got %d", sub.bus.instance,
+                      sub.topic, self.endpoint, self.expected, delivery)
+        self.expected = delivery + 1
+        self.unacked += 1
+        try:
+            envelope = codec.decode(frames[2:])
+        except codec.ProtocolError as exc:
+            sub.stats.malformed += 1
+            log.warning("%s: dropped malformed message on %s: %s", sub.bus.instance,
+                        sub.topic, exc)
+            self.ack(1)
+            return
+        sub._queue.append((self, envelope))
 
     def close(self) -> None:
         self.task.cancel()
@@ -323,6 +328,7 @@ class ReliableSubscriber:
         self._event = asyncio.Event()
         self._last: _Connection | None = None
         self._to_ack: collections.Counter = collections.Counter()
+        self._ack_timer: asyncio.TimerHandle | None = None
         self.leaving = False
 
     def set_endpoints(self, endpoints: list[str]) -> None:
@@ -337,27 +343,37 @@ class ReliableSubscriber:
     def _wake(self) -> None:
         self._event.set()
 
-    def _ack_previous(self) -> None:
+    def _ack_previous(self, threshold: int | None = None) -> None:
+        """Return credit in batches of a quarter window (one Credit message per message
+        would cost the publisher as much as the data). Whatever stays below the batch size is
+        sent by :meth:`_flush_acks` if we go idle, like TCP's delayed ACK, so a publisher
+        waiting for its last acknowledgements is never stuck."""
         if self._last is not None:
             self._to_ack[self._last] += 1
             self._last = None
         if not self._to_ack:
             return
-        # Batch credits, but never sit on them while the queue is empty: that would stall us.
-        threshold = 1 if not self._queue else max(1, self.window // 4)
+        threshold = threshold or max(1, self.window // 4)
         for conn, count in list(self._to_ack.items()):
             if count >= threshold:
-                if conn.sock.closed:
-                    del self._to_ack[conn]
-                    continue
-                conn.ack(count)
                 del self._to_ack[conn]
+                if not conn.sock.closed:
+                    conn.ack(count)
+
+    def _flush_acks(self) -> None:
+        self._ack_timer = None
+        self._ack_previous(threshold=1)
 
     async def recv(self) -> codec.Envelope | None:
         self._ack_previous()
         while not self._queue:
-            if self.leaving and all(c.left for c in self.connections.values()):
-                return None
+            if self.leaving:
+                self._ack_previous(threshold=1)
+                if all(c.left for c in self.connections.values()):
+                    return None
+            if self._to_ack and self._ack_timer is None:
+                self._ack_timer = asyncio.get_running_loop().call_later(
+                    ACK_DELAY_S, self._flush_acks)
             self._event.clear()
             await self._event.wait()
         conn, envelope = self._queue.popleft()
@@ -385,7 +401,9 @@ class ReliableSubscriber:
         self._wake()
 
     def close(self) -> None:
-        self._ack_previous()
+        self._ack_previous(threshold=1)
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
         for conn in self.connections.values():
             conn.close()
         self.connections.clear()
@@ -394,53 +412,63 @@ class ReliableSubscriber:
 # --- latest / lossy ----------------------------------------------------------------------------
 
 
-def _count_subscriptions(sock, count: int) -> int:
-    """Read pending XPUB (un)subscription events and return the updated subscriber count."""
-    while (frames := recv_now(sock, copy=True)) is not None:
-        event = frames[0][:1]
-        if event == b"\x01":
-            count += 1
-        elif event == b"\x00":
-            count = max(0, count - 1)
-    return count
+class _XPubSide:
+    """An XPUB socket plus a task that counts its subscribers as (un)subscriptions arrive.
+
+    Why a task: a publisher that only looked when it sent could not answer a late joiner of a
+    ``latest`` topic until its next message, which may never come (the learner's first
+    parameters are sent once, then it waits for data that needs them).
+    """
+
+    def __init__(self, bus: Bus, endpoint: str, hwm: int):
+        self.bus = bus
+        self.sock = bus.sockets.make(zmq.XPUB, hwm=hwm, xpub_verbose=1)
+        self.endpoint = bind(self.sock, endpoint)
+        self.subscribers = 0
+        self._task = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            event = await self.sock.recv()
+            if event[:1] == b"\x01":
+                self.subscribers += 1
+                self.on_subscribe()
+            elif event[:1] == b"\x00":
+                self.subscribers = max(0, self.subscribers - 1)
+
+    def on_subscribe(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._task.cancel()
+        self.bus.sockets.close(self.sock)
 
 
-class _Tap:
+class _Tap(_XPubSide):
     """A lossy XPUB that mirrors a reliable topic while (and only while) someone subscribes."""
 
     def __init__(self, bus: Bus, endpoint: str):
-        self.bus = bus
-        self.sock = bus.sockets.make(zmq.XPUB, hwm=100)
-        self.endpoint = bind(self.sock, endpoint)
-        self.subscribers = 0
+        super().__init__(bus, endpoint, hwm=100)
 
     def mirror(self, topic: str, frames: list) -> None:
-        self.subscribers = _count_subscriptions(self.sock, self.subscribers)
         if self.subscribers:
             with contextlib.suppress(zmq.Again):
                 send_now(self.sock, [topic.encode(), *frames])
 
-    def close(self) -> None:
-        self.bus.sockets.close(self.sock)
 
-
-class BroadcastPublisher:
+class BroadcastPublisher(_XPubSide):
     """``latest`` or ``lossy`` publisher: XPUB, never blocks."""
 
     def __init__(self, bus: Bus, topic: str, endpoint: str, hwm: int, delivery: str):
-        self.bus, self.topic, self.delivery = bus, topic, delivery
+        super().__init__(bus, endpoint, hwm)
+        self.topic, self.delivery = topic, delivery
         self.stats = TopicStats()
         self.seq = 0
-        self.sock = bus.sockets.make(zmq.XPUB, hwm=hwm, xpub_verbose=1)
-        self.endpoint = bind(self.sock, endpoint)
         self._topic_frame = topic.encode()
         self._newest: list | None = None
-        self.subscribers = 0
 
-    def _poll_subscriptions(self) -> None:
-        before = self.subscribers
-        self.subscribers = _count_subscriptions(self.sock, self.subscribers)
-        if self.subscribers > before and self.delivery == LATEST and self._newest is not None:
+    def on_subscribe(self) -> None:
+        if self.delivery == LATEST and self._newest is not None:
             self._send(self._newest)  # a late joiner still gets the current value
 
     def _send(self, frames: list) -> None:
@@ -453,7 +481,6 @@ class BroadcastPublisher:
         self.send_nowait(msg)
 
     def send_nowait(self, msg) -> None:
-        self._poll_subscriptions()
         self.seq += 1
         self.stats.sent += 1
         if self.delivery == LOSSY and not self.subscribers:
@@ -468,9 +495,6 @@ class BroadcastPublisher:
 
     async def flush(self, timeout: float | None = None) -> bool:
         return True
-
-    def close(self) -> None:
-        self.bus.sockets.close(self.sock)
 
 
 class BroadcastSubscriber:
@@ -565,19 +589,30 @@ class ServiceServer:
 
     async def recv(self) -> Request:
         while True:
-            frames = await self.sock.recv_multipart(copy=False)
-            if len(frames) < 3:
-                self.stats.malformed += 1
-                continue
-            try:
-                envelope = codec.decode(frames[2:])
-            except codec.ProtocolError as exc:
-                self.stats.malformed += 1
-                log.warning("%s: malformed request on %s: %s", self.bus.instance,
-                            self.service, exc)
-                continue
-            self.stats.received += 1
-            return Request(self, frames[0].bytes, frames[1].bytes, envelope)
+            request = self._parse(await self.sock.recv_multipart(copy=False))
+            if request is not None:
+                return request
+
+    def recv_nowait(self) -> Request | None:
+        """A request that is already waiting, or None (for batching requests together)."""
+        while (frames := recv_now(self.sock)) is not None:
+            request = self._parse(frames)
+            if request is not None:
+                return request
+        return None
+
+    def _parse(self, frames) -> Request | None:
+        if len(frames) < 3:
+            self.stats.malformed += 1
+            return None
+        try:
+            envelope = codec.decode(frames[2:])
+        except codec.ProtocolError as exc:
+            self.stats.malformed += 1
+            log.warning("%s: malformed request on %s: %s", self.bus.instance, self.service, exc)
+            return None
+        self.stats.received += 1
+        return Request(self, frames[0].bytes, frames[1].bytes, envelope)
 
     def __aiter__(self):
         return self
@@ -634,18 +669,29 @@ class ServiceClient:
         """Send ``msg`` to one server and wait for its reply; TimeoutError after ``timeout``."""
         deadline = time.monotonic() + timeout
         await asyncio.wait_for(self._available.wait(), timeout)
+        return await self.submit(msg, max(0.0, deadline - time.monotonic()))
+
+    def submit(self, msg, timeout: float = 30.0) -> asyncio.Future:
+        """Send ``msg`` now (needs a connected server) and return a future of the reply.
+
+        For prefetching: the request is on its way before the caller goes on to other work.
+        """
+        if not self.connections:
+            raise TimeoutError(f"no server for service {self.service!r}")
         endpoints = list(self.connections)
         sock = self.connections[endpoints[next(self._rotation) % len(endpoints)]]
         request_id = _U64.pack(next(self._ids))
         future = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         self.stats.sent += 1
+        send_now(sock, [request_id, *codec.encode(msg, self.bus.instance)])
+        return asyncio.ensure_future(self._await_reply(request_id, future, timeout))
+
+    async def _await_reply(self, request_id, future, timeout: float) -> codec.Envelope:
         try:
-            await sock.send_multipart([request_id, *codec.encode(msg, self.bus.instance)],
-                                      copy=False)
-            return await asyncio.wait_for(future, max(0.0, deadline - time.monotonic()))
+            return await asyncio.wait_for(future, timeout)
         except TimeoutError:
-            raise TimeoutError(f"no reply from service {self.service!r} within {timeout}s")\
+            raise TimeoutError(f"no reply from service {self.service!r} within {timeout:.0f}s")\
                 from None
         finally:
             self._pending.pop(request_id, None)
@@ -677,11 +723,12 @@ class Bus:
 
     def __init__(self, instance: str, group: str, topics: dict[str, TopicSpec],
                  bind_endpoints: dict[str, str], consumer_groups: dict[str, list[str]],
-                 sockets: SocketFactory | None = None):
+                 sockets: SocketFactory | None = None, subscriptions: tuple = ()):
         self.instance, self.group = instance, group
         self.topics = topics
         self.bind_endpoints = bind_endpoints
         self.consumer_groups = consumer_groups
+        self.subscriptions = tuple(subscriptions)
         self.sockets = sockets or SocketFactory()
         self.publishers: dict[str, ReliablePublisher | BroadcastPublisher] = {}
         self.subscribers: dict[str, ReliableSubscriber | BroadcastSubscriber] = {}
@@ -730,6 +777,14 @@ class Bus:
             client.set_endpoints(self._peers["services"].get(service, []))
             self.clients[service] = client
         return self.clients[service]
+
+    def publishes(self, name: str) -> bool:
+        """Whether the graph has this node publish the topic (or serve the service) ``name``."""
+        return name in self.bind_endpoints
+
+    def subscribes(self, topic: str) -> bool:
+        """Whether the graph has this node subscribe to ``topic``."""
+        return topic in self.subscriptions
 
     def _spec(self, topic: str) -> TopicSpec:
         if topic not in self.topics:

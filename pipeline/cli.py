@@ -122,6 +122,8 @@ def cmd_run(args) -> int:
     except graphlib.GraphError as exc:
         raise UsageError(str(exc)) from None
     if args.resume:
+        from pipeline.wiring import latest_checkpoint
+
         resume = latest_checkpoint(run_dir)
     else:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")[:-3]
@@ -131,16 +133,6 @@ def cmd_run(args) -> int:
     with open(os.path.join(run_dir, "graph.yaml"), "w") as f:
         yaml.safe_dump(graph.raw, f, sort_keys=False)
     return _supervise(graph, run_dir, resume, quiet=args.quiet)
-
-
-def latest_checkpoint(run_dir: str) -> str | None:
-    """Newest checkpoint directory that was completely written (has its COMPLETE marker)."""
-    root = os.path.join(run_dir, "checkpoints")
-    if not os.path.isdir(root):
-        return None
-    done = sorted(d for d in os.listdir(root)
-                  if os.path.exists(os.path.join(root, d, "COMPLETE")))
-    return os.path.join(root, done[-1]) if done else None
 
 
 def _supervise(graph, run_dir: str, resume: str | None, quiet: bool) -> int:

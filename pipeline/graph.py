@@ -172,6 +172,8 @@ def load(path: str, overrides: list[str] | tuple = ()) -> Graph:
             text = f.read()
     except OSError as exc:
         raise GraphError(path, None, "", f"cannot read graph: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise GraphError(path, None, "", f"not UTF-8 text (byte {exc.start})") from None
     return parse(text, path, overrides)
 
 
@@ -254,6 +256,8 @@ def _typed(value, kind, path, lines: _Lines, minimum=None):
 
 
 def _validate(data: dict, lines: _Lines) -> Graph:
+    # ``x-...`` keys hold YAML anchors shared by several nodes (docker-compose's convention).
+    data = {k: v for k, v in data.items() if not str(k).startswith("x-")}
     _check_keys(data, TOP_KEYS, (), lines)
     name = data.get("name")
     if name is None:
@@ -406,8 +410,11 @@ def resolve_kind(kind: str, lines: _Lines | None = None, path=("kind",)):
         module_name, _, func_name = kind.partition(":")
         try:
             module = importlib.import_module(module_name)
-        except ImportError as exc:
-            fail(f"cannot import {module_name!r}: {exc}")
+        except Exception as exc:  # user code: a SyntaxError or a raise at import is a mistake too
+            reason = " ".join(str(exc).split())
+            if not isinstance(exc, ImportError):
+                reason = f"{type(exc).__name__}: {reason}"
+            fail(f"cannot import {module_name!r}: {reason}")
         run = getattr(module, func_name, None)
         if run is None or not callable(run):
             fail(f"{module_name!r} has no function {func_name!r}")

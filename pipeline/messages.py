@@ -37,6 +37,17 @@ def message_class(kind: str) -> type | None:
     return _REGISTRY.get(kind)
 
 
+def load_plugins(package: str = "nodes") -> None:
+    """Import the package that declares the application's message types (if installed), so a
+    process that only watches (``run.py monitor``) can decode them too."""
+    import importlib
+
+    try:
+        importlib.import_module(package)
+    except ImportError:
+        pass
+
+
 def registered_kinds() -> list[str]:
     return sorted(_REGISTRY)
 

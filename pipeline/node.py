@@ -59,6 +59,7 @@ class Launch:
     heartbeat_s: float = 1.0
     grace_s: float = 15.0
     resume: str | None = None  # checkpoint directory to restore from, if resuming
+    subscribes: list = field(default_factory=list)
 
     def dump(self, path: str) -> None:
         with open(path, "w") as f:
@@ -94,7 +95,7 @@ async def run_instance(launch: Launch, sockets: SocketFactory | None = None,
     sockets = sockets or SocketFactory()
     topics = {name: TopicSpec(**spec) for name, spec in launch.topics.items()}
     bus = Bus(launch.incarnation, launch.node, topics, launch.bind, launch.consumer_groups,
-              sockets=sockets)
+              sockets=sockets, subscriptions=tuple(launch.subscribes))
     bus.context = NodeContext(launch.node, launch.instance, launch.replica, launch.run_dir,
                               launch.device, launch.resume)
     if stop is not None:

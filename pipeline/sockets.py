@@ -67,6 +67,31 @@ def bind(sock: zmq.Socket, endpoint: str) -> str:
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
+_NOBLOCK = int(zmq.NOBLOCK)
+
+
+async def recv_batch(sock: zmq.asyncio.Socket, shadow: zmq.Socket, limit: int = 512) -> list:
+    """Wait for one message, then take every message already waiting (up to ``limit``).
+
+    Why: each awaited receive costs a future and a loop iteration; under load the messages are
+    already there, and draining them through the plain ``shadow`` of the socket is several times
+    cheaper. Safe because the caller is the socket's only reader and sends go through
+    :func:`send_now`, which keeps zmq.asyncio's edge-triggered wake-ups right.
+    """
+    batch = [await sock.recv_multipart(copy=False)]
+    try:
+        while len(batch) < limit:
+            batch.append(shadow.recv_multipart(_NOBLOCK, copy=False))
+    except zmq.Again:
+        pass
+    return batch
+
+
+def shadow_of(sock: zmq.asyncio.Socket) -> zmq.Socket:
+    """A plain (blocking-API) view of the same socket, for non-blocking drains."""
+    return zmq.Socket.shadow(sock.underlying)
+
+
 def send_now(sock: zmq.asyncio.Socket, frames: list, copy: bool = False) -> None:
     """Send without waiting, through the asyncio socket itself.
 
@@ -74,7 +99,7 @@ def send_now(sock: zmq.asyncio.Socket, frames: list, copy: bool = False) -> None
     behind zmq.asyncio's back can swallow the wake-up a pending ``recv`` is waiting for.
     Raises ``zmq.Again`` when the message cannot be queued, ``zmq.ZMQError`` otherwise.
     """
-    future = sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=copy)
+    future = sock.send_multipart(frames, flags=_NOBLOCK, copy=copy)
     if not future.done():  # only when other sends are already waiting: keep FIFO order
         return
     error = future.exception()
@@ -84,7 +109,7 @@ def send_now(sock: zmq.asyncio.Socket, frames: list, copy: bool = False) -> None
 
 def recv_now(sock: zmq.asyncio.Socket, copy: bool = False) -> list | None:
     """Receive one message if one is waiting, else None (see :func:`send_now` for why)."""
-    future = sock.recv_multipart(flags=zmq.NOBLOCK, copy=copy)
+    future = sock.recv_multipart(flags=_NOBLOCK, copy=copy)
     error = future.exception()
     if isinstance(error, zmq.Again):
         return None

@@ -195,10 +195,11 @@ class Supervisor:
 
     async def launch(self, watcher: Watcher) -> Incarnation:
         self.generation += 1
+        # A restarted node resumes from the newest complete checkpoint of this run, if any.
+        resume = wiring.latest_checkpoint(self.run_dir) or self.resume
         launch = wiring.make_launch(self.graph, watcher.node, watcher.replica, self.generation,
                                     self.run_dir, self.sock_dir, self.control_endpoint,
-                                    kind=watcher.kind, config=watcher.config,
-                                    resume=self.resume)
+                                    kind=watcher.kind, config=watcher.config, resume=resume)
         path = os.path.join(self.run_dir, "launch", f"{launch.incarnation}.json")
         launch.dump(path)
         inc = Incarnation(launch)
@@ -477,19 +478,21 @@ class Supervisor:
                         os.killpg(inc.process.pid, signal.SIGKILL)
 
     async def _watch_completion(self) -> None:
+        """The run ends when any ``run.stop_when`` node finishes its work (exit 0)."""
         stop_when = self.graph.run.stop_when
         if not stop_when:
             await asyncio.Event().wait()
-        while True:
+        while not self.stopping:
             watchers = [w for n in stop_when for w in self.watchers[n]]
-            await asyncio.gather(*(w.done.wait() for w in watchers))
-            if all(w.state == "finished" for n in stop_when for w in self.watchers[n]):
+            if any(w.state == "finished" for w in watchers):
                 self.stop_event.set()
                 return
-            if self.stopping:
-                return
-            # a swapped watcher was replaced; wait on the new ones
-            await asyncio.sleep(0)
+            if not watchers:
+                await self._started.wait()
+                continue
+            # Swapped watchers are replaced (their done is set too): loop and look again.
+            await asyncio.wait([asyncio.ensure_future(w.done.wait()) for w in watchers],
+                               return_when=asyncio.FIRST_COMPLETED)
 
     async def run(self, progress=None) -> int:
         """Start everything, wait for the end condition, stop everything. Returns exit code."""

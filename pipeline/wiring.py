@@ -51,6 +51,7 @@ def make_launch(graph: Graph, node_name: str, replica: int, generation: int, run
         heartbeat_s=graph.run.heartbeat_s,
         grace_s=graph.run.grace_s,
         resume=resume,
+        subscribes=list(node.subscribes),
     )
 
 
@@ -63,3 +64,17 @@ def peers(graph: Graph, launches: list[Launch]) -> dict:
         for name, ep in launch.bind.items():
             (topics if name in node.publishes else services)[name].append(ep)
     return {"topics": topics, "services": services}
+
+
+def latest_checkpoint(run_dir: str) -> str | None:
+    """Newest checkpoint directory of a run that was completely written.
+
+    A checkpoint directory is renamed into ``checkpoints/`` only after all its files were
+    written and synced, and carries a ``COMPLETE`` marker; anything else is ignored.
+    """
+    root = os.path.join(run_dir, "checkpoints")
+    if not os.path.isdir(root):
+        return None
+    done = sorted(d for d in os.listdir(root)
+                  if not d.startswith(".") and os.path.exists(os.path.join(root, d, "COMPLETE")))
+    return os.path.join(root, done[-1]) if done else None

@@ -1,0 +1,67 @@
+"""Plumbing the RL nodes share: building the algorithm and its spaces, tensors to the wire.
+
+Written once here so that every node builds the same algorithm from the same graph config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+import algorithms
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmSpec:
+    """What a node needs to build the graph's algorithm: its name and keyword arguments."""
+
+    name: str
+    kwargs: dict
+
+
+def env_spaces(env_id: str, env_kwargs: dict | None = None) -> tuple[gym.Space, gym.Space]:
+    env = gym.make(env_id, **(env_kwargs or {}))
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
+def make_algorithm(env_id: str, algorithm: dict, device: str, env_kwargs: dict | None = None):
+    """``algorithm`` is the graph's ``{name: ..., <hyperparameter>: ...}`` mapping."""
+    spec = dict(algorithm)
+    name = spec.pop("name", None)
+    if not name:
+        raise ValueError("algorithm config needs a 'name' (one of "
+                         f"{', '.join(algorithms.algorithm_names())})")
+    obs_space, action_space = env_spaces(env_id, env_kwargs)
+    return algorithms.make(name, obs_space, action_space, device=resolve_device(device), **spec)
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def to_numpy(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    if isinstance(x, dict):
+        return {k: to_numpy(v) for k, v in x.items()}
+    return x
+
+
+def to_torch(tree: dict) -> dict:
+    """Wire arrays are read-only views of the receive buffer: copy into writable tensors."""
+    return {k: torch.from_numpy(np.array(v)) if isinstance(v, np.ndarray) else
+            (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in tree.items()}
+
+
+def strip_empty(d: dict) -> dict:
+    """Drop fields an algorithm left empty (``()``), which have no array to send."""
+    return {k: v for k, v in d.items() if not (isinstance(v, tuple) and v == ())}

@@ -1,0 +1,96 @@
+"""evaluator: greedy episodes in its own environments with the newest parameters.
+
+Every ``eval_interval`` environment steps (as stamped on the parameters) it runs
+``num_eval_episodes`` episodes in parallel with ``predict_step`` and publishes
+``eval/return`` and ``eval/length``. With ``stop_at_return`` set it finishes once an evaluation
+reaches it, which ends a graph that lists it in ``run.stop_when``.
+Evaluation runs in a worker thread so the node keeps answering heartbeats meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from algorithms.data import StepType
+from algorithms.sync_trainer import VectorEnvStepper, make_vector_env
+from nodes._common import make_algorithm
+from nodes.messages import Metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Config:
+    env_id: str = field(metadata={"doc": "Gymnasium id"})
+    algorithm: dict = field(metadata={"doc": "{name: ..., hyperparameters...}"})
+    env_kwargs: dict = field(default_factory=dict, metadata={"doc": "gymnasium.make kwargs"})
+    num_eval_episodes: int = field(default=10, metadata={"doc": "episodes per evaluation"})
+    eval_interval: int = field(default=5000, metadata={"doc": "env steps between evaluations"})
+    stop_at_return: float | None = field(default=None, metadata={
+        "doc": "finish once the mean return reaches this"})
+    seed: int = field(default=10_000, metadata={"doc": "evaluation env seed"})
+
+
+def evaluate(alg, env_id: str, episodes: int, seed: int) -> tuple[float, float]:
+    """Mean return and length of ``episodes`` greedy episodes, one per parallel env."""
+    env = make_vector_env(env_id, episodes, seed)
+    try:
+        stepper = VectorEnvStepper(env, seed)
+        ts = stepper.reset()
+        returns = np.zeros(episodes)
+        lengths = np.zeros(episodes)
+        done = np.zeros(episodes, dtype=bool)
+        while not done.all():
+            with torch.no_grad():
+                action = alg.predict_step(ts, ()).output
+            ts = stepper.step(action.cpu().numpy() if isinstance(action, torch.Tensor)
+                              else np.asarray(action))
+            returns += np.where(done, 0.0, ts.reward)
+            lengths += ~done
+            done |= ts.step_type == StepType.LAST
+        return float(returns.mean()), float(lengths.mean())
+    finally:
+        env.close()
+
+
+async def run(config: Config, bus, ready) -> dict:
+    torch.set_num_threads(1)
+    alg = make_algorithm(config.env_id, config.algorithm, bus.context.device, config.env_kwargs)
+    params = bus.subscriber("params")
+    metrics = bus.publisher("metrics")
+    ready()
+    next_eval = 0
+    best = -np.inf
+    evaluations = 0
+    while not bus.stopping.is_set():
+        recv = asyncio.ensure_future(params.recv())
+        stop = asyncio.ensure_future(bus.stopping.wait())
+        done, _ = await asyncio.wait({recv, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if recv not in done:
+            recv.cancel()
+            break
+        stop.cancel()
+        msg = recv.result().message
+        if msg.env_steps < next_eval:
+            continue
+        alg.load_policy_state_dict(msg.params)
+        mean_return, mean_length = await asyncio.to_thread(
+            evaluate, alg, config.env_id, config.num_eval_episodes, config.seed)
+        evaluations += 1
+        best = max(best, mean_return)
+        next_eval = msg.env_steps + config.eval_interval
+        bus.status.update(env_steps=msg.env_steps, eval_return=round(mean_return, 1))
+        log.info("env_steps %d version %d: eval return %.1f", msg.env_steps, msg.version,
+                 mean_return)
+        await metrics.send(Metrics(bus.context.instance, msg.env_steps, {
+            "eval/return": mean_return, "eval/length": mean_length,
+            "eval/version": msg.version}))
+        if config.stop_at_return is not None and mean_return >= config.stop_at_return:
+            return {"reached": mean_return, "env_steps": msg.env_steps, "evaluations":
+                    evaluations}
+    return {"best": best, "evaluations": evaluations}

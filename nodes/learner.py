@@ -1,0 +1,169 @@
+"""learner: ALF's training iterations, fed by the replay store (off-policy) or by unrolls.
+
+Off-policy: it asks the ``sample`` service for ``[mini_batch_size, mini_batch_length]`` batches,
+keeping the next request in flight while it trains on the current batch (prefetch), runs
+``train_on`` with the importance weights when replay is prioritized, publishes the new
+priorities, and every ``publish_params_every`` updates publishes the policy parameters with a
+version that only grows. How many updates per environment step is the replay store's rate
+limiter's business (``samples_per_insert``), as in Reverb.
+
+On-policy: it trains on each ``[T + 1, B]`` unroll from ``trajectories`` and publishes new
+parameters after every one (the unroller bounds the policy lag).
+
+The run's env-step budget is counted here: at ``num_env_steps`` the learner finishes, which ends
+a graph that lists it in ``run.stop_when``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from algorithms.data import Experience
+from nodes._common import make_algorithm, to_torch
+from nodes.messages import Metrics, Params, Priorities, SampleRequest, StateReply
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Config:
+    env_id: str = field(metadata={"doc": "Gymnasium id (for the spaces)"})
+    algorithm: dict = field(metadata={"doc": "{name: ..., hyperparameters...}"})
+    env_kwargs: dict = field(default_factory=dict, metadata={"doc": "gymnasium.make kwargs"})
+    num_env_steps: int = field(default=100_000, metadata={"doc": "env-step budget of the run"})
+    mini_batch_size: int = field(default=256, metadata={"doc": "replay batch size B"})
+    mini_batch_length: int | None = field(default=None, metadata={
+        "doc": "replay window T (default: the algorithm's)"})
+    prioritized: bool = field(default=False, metadata={
+        "doc": "use importance weights and send priorities (replay must be prioritized)"})
+    publish_params_every: int = field(default=1, metadata={"doc": "updates between params"})
+    metrics_interval_s: float = field(default=5.0, metadata={"doc": "metrics period"})
+    request_timeout_s: float = field(default=120.0, metadata={"doc": "sample reply timeout"})
+    seed: int = field(default=0, metadata={"doc": "torch seed"})
+    num_threads: int = field(default=1, metadata={"doc": "torch threads"})
+
+
+class Learner:
+    def __init__(self, config: Config, bus):
+        torch.manual_seed(config.seed)
+        torch.set_num_threads(config.num_threads)
+        self.config, self.bus = config, bus
+        self.alg = make_algorithm(config.env_id, config.algorithm, bus.context.device,
+                                  config.env_kwargs)
+        self.params = bus.publisher("params")
+        self.metrics = bus.publisher("metrics") if bus.publishes("metrics") else None
+        self.version = 0
+        self.iteration = 0
+        self.env_steps = 0
+        self.last_metrics: dict = {}
+        self._report_at = time.monotonic() + config.metrics_interval_s
+        self._updates_at_report = 0
+
+    async def publish_params(self) -> None:
+        await self.params.send(Params(self.version, self.env_steps,
+                                      self.alg.policy_state_dict()))
+        self.bus.status["version"] = self.version
+
+    async def after_update(self, metrics: dict) -> None:
+        self.iteration += 1
+        self.last_metrics = metrics
+        self.bus.status.update(iteration=self.iteration, env_steps=self.env_steps)
+        if self.iteration % self.config.publish_params_every == 0:
+            self.version += 1
+            await self.publish_params()
+        now = time.monotonic()
+        if self.metrics is not None and now >= self._report_at:
+            rate = (self.iteration - self._updates_at_report) / (
+                now - self._report_at + self.config.metrics_interval_s)
+            self._report_at, self._updates_at_report = now + self.config.metrics_interval_s, \
+                self.iteration
+            await self.metrics.send(Metrics(self.bus.context.instance, self.env_steps, {
+                **metrics, "learner/updates_per_s": rate, "learner/iteration": self.iteration,
+                "learner/version": self.version}))
+
+    def state(self) -> dict:
+        return {"algorithm": self.alg.checkpoint_state(), "version": self.version,
+                "iteration": self.iteration, "env_steps": self.env_steps}
+
+    def restore(self, state: dict) -> None:
+        self.alg.load_checkpoint_state(state["algorithm"])
+        self.version = int(state["version"])
+        self.iteration = int(state["iteration"])
+        self.env_steps = int(state["env_steps"])
+
+    async def train_off_policy(self) -> None:
+        config = self.config
+        client = self.bus.client("sample")
+        priorities = self.bus.publisher("priorities") if config.prioritized else None
+        length = config.mini_batch_length or getattr(self.alg, "mini_batch_length", 2)
+        pending = None
+        while not self.bus.stopping.is_set() and self.env_steps < config.num_env_steps:
+            if pending is None:
+                pending = await self._submit(client, length)
+            try:
+                reply = (await pending).message
+            except TimeoutError as exc:  # replay store restarting: ask again
+                log.warning("%s; asking again", exc)
+                pending = None
+                continue
+            pending = await self._submit(client, length)  # prefetch while we train
+            self.env_steps = max(self.env_steps, reply.env_steps)
+            exp = Experience.from_dict(to_torch(reply.experience))
+            weights = torch.as_tensor(reply.importance_weights) if config.prioritized else None
+            result = self.alg.train_on(exp, weights)
+            if priorities is not None and result.priorities is not None:
+                await priorities.send(Priorities(reply.env_ids, reply.positions,
+                                                 result.priorities))
+            await self.after_update(result.metrics)
+        if pending is not None:
+            pending.cancel()
+
+    async def _submit(self, client, length: int):
+        await asyncio.wait_for(client._available.wait(), self.config.request_timeout_s)
+        return client.submit(SampleRequest(self.config.mini_batch_size, length, self.iteration),
+                             self.config.request_timeout_s)
+
+    async def train_on_policy(self) -> None:
+        trajectories = self.bus.subscriber("trajectories")
+        async for envelope in trajectories:
+            msg = envelope.message
+            self.env_steps = max(self.env_steps, msg.env_steps)
+            result = self.alg.train_on(Experience.from_dict(to_torch(msg.experience)))
+            await self.after_update(result.metrics)
+            if self.env_steps >= self.config.num_env_steps:
+                return
+
+
+async def run(config: Config, bus, ready) -> dict:
+    learner = Learner(config, bus)
+    if bus.context.resume:
+        path = os.path.join(bus.context.resume, "learner.pt")
+        if os.path.exists(path):
+            learner.restore(torch.load(path, weights_only=True))
+            log.info("learner restored from %s: version %d, env_steps %d", path,
+                     learner.version, learner.env_steps)
+    state_server = bus.server("learner_state") if bus.publishes("learner_state") else None
+
+    async def serve_state():
+        async for request in state_server:
+            await request.reply(StateReply("learner", learner.env_steps, learner.state()))
+
+    helper = asyncio.ensure_future(serve_state()) if state_server else None
+    await learner.publish_params()
+    ready()
+    try:
+        if learner.alg.on_policy:
+            await learner.train_on_policy()
+        else:
+            await learner.train_off_policy()
+    finally:
+        if helper is not None:
+            helper.cancel()
+    return {"iteration": learner.iteration, "version": learner.version,
+            "env_steps": learner.env_steps}

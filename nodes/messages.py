@@ -1,0 +1,113 @@
+"""Every RL payload that travels between nodes, declared once.
+
+Arrays are numpy arrays or torch CPU tensors; the codec sends them as separate frames. Nested
+experience travels as a flat ``{field: array}`` dict (``algorithms.Experience.to_dict``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.messages import Message, message
+
+
+@message("rl.time_steps")
+class TimeStepBatch(Message):
+    """env_runner -> unroller (request on the ``policy`` service): one step of every env of a
+    runner, ALF ``TimeStep`` fields ``[B, ...]``; the reply is an :class:`ActionBatch`."""
+
+    runner: str
+    env_offset: int  # global id of this runner's first environment
+    time_step: dict
+
+
+@message("rl.actions")
+class ActionBatch(Message):
+    """unroller -> env_runner: the actions for a :class:`TimeStepBatch`, the parameter
+    version that chose them and the graph's env-step count so far."""
+
+    action: Any
+    version: int
+    env_steps: int
+
+
+@message("rl.experience")
+class ExperienceBatch(Message):
+    """unroller -> replay_store: one stored step per env (``[B, ...]``), global ``env_ids``."""
+
+    env_ids: Any
+    experience: dict
+    version: int
+
+
+@message("rl.trajectory")
+class Trajectory(Message):
+    """unroller -> learner (on-policy): a whole unroll ``[T + 1, B, ...]``; the last row
+    bootstraps this unroll and is the first row of the next."""
+
+    experience: dict
+    version: int
+    env_steps: int
+
+
+@message("rl.sample_request")
+class SampleRequest(Message):
+    """learner -> replay_store (``sample`` service)."""
+
+    batch_size: int
+    batch_length: int
+    learner_iter: int
+
+
+@message("rl.sample")
+class SampleBatch(Message):
+    """replay_store -> learner: ``[B, T, ...]`` experience and ALF's ``BatchInfo`` fields."""
+
+    experience: dict
+    env_ids: Any
+    positions: Any
+    importance_weights: Any
+    env_steps: int
+
+
+@message("rl.priorities")
+class Priorities(Message):
+    """learner -> replay_store: new priorities of sampled steps (late ones are ignored)."""
+
+    env_ids: Any
+    positions: Any
+    priorities: Any
+
+
+@message("rl.params")
+class Params(Message):
+    """learner -> unroller, evaluator: the policy parameters, with a version that only grows."""
+
+    version: int
+    env_steps: int
+    params: dict
+
+
+@message("rl.metrics")
+class Metrics(Message):
+    """Scalar metrics from any node; ``env_steps`` is the x axis of every plot."""
+
+    source: str
+    env_steps: int
+    values: dict
+
+
+@message("rl.state_request")
+class StateRequest(Message):
+    """checkpointer -> learner/replay_store/unroller: send me your full state."""
+
+    reason: str
+
+
+@message("rl.state")
+class StateReply(Message):
+    """A node's full state (nested dicts of tensors and numbers), and its ``env_steps``."""
+
+    component: str
+    env_steps: int
+    state: Any

@@ -1,0 +1,164 @@
+"""unroller: policy inference for every env runner (ALF's rollout / AsyncUnroller).
+
+Serves the ``policy`` service: it takes the time-step requests that are waiting, runs one
+batched ``rollout_step`` over all of them with the newest parameters it has, replies with each
+runner's actions, and publishes what was collected:
+
+* off-policy: every step as an ``ExperienceBatch`` on ``experience`` (time step ``t``, action
+  ``t``, rollout info ``t``, global env ids);
+* on-policy: per runner, whole unrolls ``[unroll_length + 1, B]`` on ``trajectories``. Policy lag
+  is bounded: after ``max_unrolls_per_version`` unrolls collected with one parameter version it
+  waits for a newer one.
+
+It waits for the learner's first parameters before acting, so every process starts from the
+same network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from algorithms.data import TimeStep
+from nodes._common import make_algorithm, strip_empty, to_numpy
+from nodes.messages import ActionBatch, ExperienceBatch, StateReply, Trajectory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Config:
+    env_id: str = field(metadata={"doc": "Gymnasium id (for the spaces)"})
+    algorithm: dict = field(metadata={"doc": "{name: ..., hyperparameters...}"})
+    env_kwargs: dict = field(default_factory=dict, metadata={"doc": "gymnasium.make kwargs"})
+    unroll_length: int = field(default=8, metadata={"doc": "on-policy unroll length T"})
+    max_unrolls_per_version: int = field(default=1, metadata={"doc": "on-policy lag bound"})
+    max_batch_requests: int = field(default=64, metadata={"doc": "requests batched at most"})
+    seed: int = field(default=0, metadata={"doc": "torch seed of the rollout policy"})
+    params_timeout_s: float = field(default=300.0, metadata={"doc": "wait for parameters"})
+
+
+class Unroller:
+    def __init__(self, config: Config, bus):
+        torch.manual_seed(config.seed)
+        torch.set_num_threads(1)
+        self.config, self.bus = config, bus
+        self.alg = make_algorithm(config.env_id, config.algorithm, bus.context.device,
+                                  config.env_kwargs)
+        self.params = bus.subscriber("params")
+        self.on_policy = self.alg.on_policy
+        self.output = bus.publisher("trajectories" if self.on_policy else "experience")
+        self.version = -1
+        self.env_steps = 0
+        self.unrolls_at_version = 0
+        self.rows: dict[str, list[dict]] = {}  # on-policy rows per runner
+        self.states: dict[str, object] = {}
+
+    def load_params(self, envelope) -> None:
+        msg = envelope.message
+        if msg.version > self.version:
+            self.alg.load_policy_state_dict(msg.params)
+            self.version = msg.version
+            self.unrolls_at_version = 0
+            self.bus.status["version"] = self.version
+
+    async def wait_for_params(self, newer_than: int) -> None:
+        while self.version <= newer_than:
+            envelope = await asyncio.wait_for(self.params.recv(), self.config.params_timeout_s)
+            self.load_params(envelope)
+
+    def refresh_params(self) -> None:
+        newest = self.params.poll_newest()
+        if newest is not None:
+            self.load_params(newest)
+
+    async def act(self, requests: list) -> None:
+        if self.on_policy and self.unrolls_at_version >= self.config.max_unrolls_per_version:
+            await self.wait_for_params(self.version)
+        self.refresh_params()
+        steps = [r.message for r in requests]
+        sizes = [len(s.time_step["step_type"]) for s in steps]
+        ts = TimeStep(**{k: np.concatenate([np.asarray(s.time_step[k]) for s in steps])
+                         for k in TimeStep._fields})
+        ts = ts._replace(env_id=np.concatenate(
+            [np.asarray(s.time_step["env_id"]) + s.env_offset for s in steps]))
+        with torch.no_grad():
+            alg_step = self.alg.rollout_step(ts, ())
+        action = to_numpy(alg_step.output)
+        info = to_numpy(dict(alg_step.info or {}))
+        self.env_steps += int(sum(sizes))
+        self.bus.status["env_steps"] = self.env_steps
+        bounds = np.cumsum([0, *sizes])
+        for i, request in enumerate(requests):
+            lo, hi = bounds[i], bounds[i + 1]
+            await request.reply(ActionBatch(action[lo:hi], self.version, self.env_steps))
+        rows = strip_empty({**ts._asdict(), "action": action,
+                            **{f"rollout_info.{k}": v for k, v in info.items()}})
+        if not self.on_policy:
+            await self.output.send(ExperienceBatch(ts.env_id, rows, self.version))
+            return
+        for i, s in enumerate(steps):
+            lo, hi = bounds[i], bounds[i + 1]
+            await self.collect(s.runner, {k: v[lo:hi] for k, v in rows.items()})
+
+    async def collect(self, runner: str, row: dict) -> None:
+        rows = self.rows.setdefault(runner, [])
+        rows.append(row)
+        if len(rows) == self.config.unroll_length + 1:
+            unroll = {k: np.stack([r[k] for r in rows]) for k in row}
+            await self.output.send(Trajectory(unroll, self.version, self.env_steps))
+            self.unrolls_at_version += 1
+            self.rows[runner] = [row]  # the bootstrap row starts the next unroll
+
+    def state(self) -> dict:
+        return {"algorithm": self.alg.checkpoint_state(), "env_steps": self.env_steps}
+
+    def restore(self, state: dict) -> None:
+        self.alg.load_checkpoint_state(state["algorithm"])
+        self.env_steps = int(state["env_steps"])
+
+
+async def run(config: Config, bus, ready) -> dict:
+    unroller = Unroller(config, bus)
+    if bus.context.resume:
+        _restore(unroller, bus.context.resume)
+    server = bus.server("policy")
+    state_server = bus.server("unroller_state") if bus.publishes("unroller_state") else None
+    await unroller.wait_for_params(-1)
+    ready()
+
+    async def serve_state():
+        async for request in state_server:
+            await request.reply(StateReply("unroller", unroller.env_steps, unroller.state()))
+
+    tasks = [asyncio.ensure_future(serve_state())] if state_server else []
+    try:
+        stop = asyncio.ensure_future(bus.stopping.wait())
+        while True:
+            nxt = asyncio.ensure_future(server.recv())
+            done, _ = await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if nxt not in done:
+                nxt.cancel()
+                break
+            requests = [nxt.result()]
+            while len(requests) < config.max_batch_requests and \
+                    (more := server.recv_nowait()) is not None:
+                requests.append(more)
+            await unroller.act(requests)
+    finally:
+        for task in tasks:
+            task.cancel()
+    return {"env_steps": unroller.env_steps, "version": unroller.version}
+
+
+def _restore(unroller: Unroller, checkpoint: str) -> None:
+    import os
+
+    path = os.path.join(checkpoint, "unroller.pt")
+    if os.path.exists(path):
+        unroller.restore(torch.load(path, weights_only=True))
+        log.info("unroller restored from %s (env_steps %d)", path, unroller.env_steps)
