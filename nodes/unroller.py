@@ -42,6 +42,10 @@ class Config:
     params_timeout_s: float = field(default=300.0, metadata={"doc": "wait for parameters"})
 
 
+class Stopping(Exception):
+    """The run is ending while the unroller waits for parameters."""
+
+
 class Unroller:
     def __init__(self, config: Config, bus):
         torch.manual_seed(config.seed)
@@ -67,9 +71,20 @@ class Unroller:
             self.bus.status["version"] = self.version
 
     async def wait_for_params(self, newer_than: int) -> None:
+        """Wait for a version newer than ``newer_than``; raise Stopping if the run ends."""
         while self.version <= newer_than:
-            envelope = await asyncio.wait_for(self.params.recv(), self.config.params_timeout_s)
-            self.load_params(envelope)
+            recv = asyncio.ensure_future(self.params.recv())
+            stop = asyncio.ensure_future(self.bus.stopping.wait())
+            done, _ = await asyncio.wait({recv, stop}, timeout=self.config.params_timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            if recv not in done:
+                recv.cancel()
+                if self.bus.stopping.is_set():
+                    raise Stopping
+                raise TimeoutError(f"no parameters newer than version {newer_than} within "
+                                   f"{self.config.params_timeout_s:.0f}s")
+            self.load_params(recv.result())
 
     def refresh_params(self) -> None:
         newest = self.params.poll_newest()
@@ -128,7 +143,10 @@ async def run(config: Config, bus, ready) -> dict:
         _restore(unroller, bus.context.resume)
     server = bus.server("policy")
     state_server = bus.server("unroller_state") if bus.publishes("unroller_state") else None
-    await unroller.wait_for_params(-1)
+    try:
+        await unroller.wait_for_params(-1)
+    except Stopping:
+        return {"env_steps": unroller.env_steps, "version": unroller.version}
     ready()
 
     async def serve_state():
@@ -149,6 +167,8 @@ async def run(config: Config, bus, ready) -> dict:
                     (more := server.recv_nowait()) is not None:
                 requests.append(more)
             await unroller.act(requests)
+    except Stopping:
+        pass
     finally:
         for task in tasks:
             task.cancel()

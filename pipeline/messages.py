@@ -10,6 +10,7 @@ RL payloads (time steps, experience, parameters...) are declared the same way in
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, ClassVar
 
@@ -42,10 +43,8 @@ def load_plugins(package: str = "nodes") -> None:
     process that only watches (``run.py monitor``) can decode them too."""
     import importlib
 
-    try:
+    with contextlib.suppress(ImportError):
         importlib.import_module(package)
-    except ImportError:
-        pass
 
 
 def registered_kinds() -> list[str]:
@@ -112,10 +111,12 @@ class Failure(Message):
 
 @message("finished")
 class Finished(Message):
-    """A node's ``run`` returned normally; ``summary`` is whatever it chose to report."""
+    """A node's ``run`` returned normally; ``summary`` is whatever it chose to report and
+    ``topics`` its final bus counters (messages, gaps)."""
 
     instance: str
     summary: dict
+    topics: dict
 
 
 @message("peers")

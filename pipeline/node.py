@@ -121,7 +121,7 @@ async def run_instance(launch: Launch, sockets: SocketFactory | None = None,
                 for helper in helpers:
                     helper.cancel()
         summary = summary if isinstance(summary, dict) else {}
-        control.send(Finished(launch.incarnation, _plain(summary)))
+        control.send(Finished(launch.incarnation, _plain(summary), bus.stats()))
         return summary
     except asyncio.CancelledError:
         raise

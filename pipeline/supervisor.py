@@ -319,6 +319,7 @@ class Supervisor:
     def _on_finished(self, inc: Incarnation, msg: Finished) -> None:
         inc.finished = True
         inc.heartbeat.setdefault("status", {}).update(msg.summary)
+        inc.heartbeat["topics"] = msg.topics
 
     async def _on_request(self, identity: bytes, req: ControlRequest) -> None:
         handler = getattr(self, f"cmd_{req.command}", None)
@@ -517,6 +518,11 @@ class Supervisor:
         finally:
             self.stopping = True
             await self._stop_all()
+            # What every node reported last (final summaries and bus counters), for users
+            # and tests to read after the run.
+            summary = await self.cmd_status()
+            summary["failure"] = self.failure
+            _write_json(os.path.join(self.run_dir, "summary.json"), summary)
             for helper in helpers:
                 helper.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)

@@ -7,6 +7,7 @@ a run is observed on a topic's monitor tap.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,10 +23,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class LiveRun:
-    def __init__(self, run_dir: str, graph: str, *overrides: str):
+    def __init__(self, run_dir: str, graph: str | None, *overrides: str, resume: bool = False):
         self.run_dir = run_dir
-        args = [sys.executable, os.path.join(ROOT, "run.py"), "run", graph, "--run-dir",
-                run_dir, "--quiet"]
+        args = [sys.executable, os.path.join(ROOT, "run.py"), "run", "--quiet"]
+        args += ["--resume", run_dir] if resume else [graph, "--run-dir", run_dir]
         for item in overrides:
             args += ["--set", item]
         self.proc = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, text=True)
@@ -49,6 +50,10 @@ class LiveRun:
 
     def wait_for_origin(self, topic: str, origin: int, timeout_s: float = 120) -> int:
         """Watch ``topic`` through its tap until a record with ``origin`` >= the given one."""
+        return self.wait_for_message(topic, lambda m: m.origin >= origin, timeout_s).origin
+
+    def wait_for_message(self, topic: str, predicate, timeout_s: float = 300):
+        """Watch ``topic`` through its tap until a message satisfies ``predicate``."""
         taps = self.command("status")["topics"][topic]["taps"]
         sock = zmq.Context.instance().socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
@@ -60,8 +65,8 @@ class LiveRun:
                 if not sock.poll(int(timeout_s * 1000)):
                     raise TimeoutError(f"no message on {topic} for {timeout_s}s")
                 msg = codec.decode(sock.recv_multipart()[1:]).message
-                if msg.origin >= origin:
-                    return msg.origin
+                if predicate(msg):
+                    return msg
         finally:
             sock.close(linger=0)
 
@@ -86,10 +91,15 @@ class LiveRun:
         if self.proc.poll() is None:
             self.proc.kill()
         for pid in node_pids(self.run_dir):
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+
+    def metrics(self) -> list[dict]:
+        with open(os.path.join(self.run_dir, "metrics.jsonl")) as f:
+            return [json.loads(line) for line in f]
+
+    def summary(self) -> dict:
+        return self.result("summary.json")
 
     def result(self, name: str = "sink_result.json") -> dict:
         with open(os.path.join(self.run_dir, name)) as f:

@@ -1,0 +1,124 @@
+"""Training through the real multi-process graphs: learning, accounting, resume, faults.
+
+CI runs DQN-CartPole to its threshold and a short stop/resume; the other learning runs and the
+fault-injection runs take several minutes each and are marked ``slow``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+import nodes.messages  # noqa: F401 - registers the RL message types for the taps
+from tests.pipeline_harness import ROOT, LiveRun
+
+
+def graph(name: str) -> str:
+    return os.path.join(ROOT, "graphs", f"{name}.yaml")
+
+
+@pytest.fixture
+def live(tmp_path):
+    runs = []
+
+    def start(name, *overrides, run_dir=None, resume=False):
+        run = LiveRun(run_dir or str(tmp_path / f"run{len(runs)}"), None if resume else
+                      graph(name), *overrides, resume=resume)
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        run.kill()
+
+
+def eval_returns(run: LiveRun) -> list[tuple[int, float]]:
+    return [(m["env_steps"], m["eval/return"]) for m in run.metrics() if "eval/return" in m]
+
+
+def reached(run: LiveRun, threshold: float, budget: int) -> tuple[int, float] | None:
+    return next(((s, r) for s, r in eval_returns(run) if r >= threshold and s <= budget), None)
+
+
+def assert_accounting(run: LiveRun) -> None:
+    """Zero gaps on every reliable topic; every step the runners produced reached replay."""
+    summary = run.summary()
+    assert summary["failure"] is None, summary["failure"]
+    for instance, info in summary["nodes"].items():
+        for topic, stats in (info.get("topics") or {}).items():
+            assert stats.get("gaps", 0) == 0, (instance, topic, stats)
+            assert stats.get("malformed", 0) == 0, (instance, topic, stats)
+    nodes = summary["nodes"]
+    if "replay_store.0" in nodes:
+        produced = nodes["unroller.0"]["status"]["env_steps"]
+        inserted = nodes["replay_store.0"]["status"]["inserted"]
+        assert inserted == produced, (inserted, produced)
+
+
+@pytest.mark.timeout(1200)
+def test_dqn_cartpole_reaches_475_through_the_graph(live):
+    run = live("dqn_cartpole")
+    assert run.finish(1100) == 0, run.stderr
+    hit = reached(run, 475, 50_000)
+    assert hit is not None, eval_returns(run)
+    assert_accounting(run)
+
+
+@pytest.mark.timeout(600)
+def test_sigint_then_resume_continues_where_it_stopped(live, tmp_path):
+    short = ("nodes.evaluator.config.stop_at_return=null", "nodes.learner.config.num_env_steps=6000",
+             "nodes.checkpointer.config.interval_s=5")
+    first = live("dqn_cartpole", *short)
+    first.wait_ready()
+    first.wait_for_message("metrics", lambda m: m.env_steps >= 2000 and
+                           m.source.startswith("learner"))
+    first.interrupt()
+    assert first.finish(300) == 0, first.stderr
+    stopped = first.summary()["nodes"]
+    stop_steps = stopped["learner.0"]["status"]["env_steps"]
+    stop_version = stopped["learner.0"]["status"]["version"]
+    assert 2000 <= stop_steps < 6000
+    checkpoints = sorted(os.listdir(os.path.join(first.run_dir, "checkpoints")))
+    assert checkpoints and all(c.startswith("ckpt-") for c in checkpoints)
+
+    resumed = live("dqn_cartpole", run_dir=first.run_dir, resume=True)
+    assert resumed.finish(500) == 0, resumed.stderr
+    assert "resuming from" in resumed.stderr
+    final = resumed.summary()["nodes"]
+    assert final["learner.0"]["status"]["env_steps"] >= 6000
+    assert final["learner.0"]["status"]["version"] > stop_version
+    # The replay store came back with its contents: it counts on from where it stopped.
+    assert final["replay_store.0"]["status"]["inserted"] >= 6000
+    assert final["unroller.0"]["status"]["env_steps"] == final["replay_store.0"]["status"][
+        "inserted"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+@pytest.mark.parametrize("name,threshold,budget", [
+    ("ppo_cartpole", 475, 100_000),
+    ("sac_pendulum", -200, 20_000),
+    ("td3_pendulum", -200, 20_000),
+])
+def test_graph_reaches_threshold(live, name, threshold, budget):
+    run = live(name)
+    assert run.finish(2300) == 0, run.stderr
+    assert reached(run, threshold, budget) is not None, eval_returns(run)
+    assert_accounting(run)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+@pytest.mark.parametrize("victim", ["env_runner", "unroller", "evaluator", "replay_store"])
+def test_sac_pendulum_survives_kill_9(live, victim):
+    run = live("sac_pendulum", "nodes.checkpointer.config.interval_s=10")
+    run.wait_ready()
+    run.wait_for_message("metrics", lambda m: m.env_steps >= 6000)
+    pid = run.command("status")["nodes"][f"{victim}.0"]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    assert run.finish(2300) == 0, run.stderr
+    assert reached(run, -200, 20_000) is not None, eval_returns(run)
+    restarted = run.summary()["nodes"][f"{victim}.0"]["restarts"]
+    assert restarted >= 1
