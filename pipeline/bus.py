@@ -157,7 +157,7 @@ class ReliablePublisher:
             member.delivered += 1
             try:
                 send_now(self.sock,
-                         [member.routing_id, _DATA, _U64.pack(member.delivered), *frames])
+                         [member.routing_id, _DATA + _U64.pack(member.delivered), *frames])
             except zmq.ZMQError:  # peer vanished between notify and send: treat as gone
                 group.backlog.appendleft(frames)
                 self._drop_member(member.routing_id)
@@ -191,7 +191,7 @@ class ReliablePublisher:
                 self._drop_member(routing_id)
 
     def _send_ctrl(self, routing_id: bytes, tag: bytes, msg=None) -> None:
-        frames = [routing_id, _CTRL, tag] + (codec.encode(msg) if msg else [])
+        frames = [routing_id, _CTRL + tag] + (codec.encode(msg) if msg else [])
         try:
             send_now(self.sock, frames)
         except zmq.ZMQError:
@@ -284,12 +284,17 @@ class _Connection:
 
     def _on_frames(self, frames) -> None:
         sub = self.sub
-        tag = frames[0].bytes
-        if tag == _CTRL:
-            if frames[1].bytes == _LEAVE_ACK:
+        head = frames[0].bytes
+        if head[:1] == _CTRL:
+            if head[1:] == _LEAVE_ACK:
                 self.left = True
             return
-        delivery = _U64.unpack(frames[1].bytes)[0]
+        if head[:1] != _DATA or len(head) != 1 + _U64.size or len(frames) < 2:
+            sub.stats.malformed += 1
+            log.warning("%s: dropped badly framed message on %s", sub.bus.instance, sub.topic)
+            self.ack(1)  # it took a credit: give it back so the publisher is not starved
+            return
+        delivery = _U64.unpack_from(head, 1)[0]
         if delivery != self.expected:
             sub.stats.gaps += abs(delivery - self.expected)
             log.error("%s: gap on %s from %s: expected %d, got %d", sub.bus.instance,
@@ -297,7 +302,7 @@ class _Connection:
         self.expected = delivery + 1
         self.unacked += 1
         try:
-            envelope = codec.decode(frames[2:])
+            envelope = codec.decode(frames[1:])
         except codec.ProtocolError as exc:
             sub.stats.malformed += 1
             log.warning("%s: dropped malformed message on %s: %s", sub.bus.instance,

@@ -13,7 +13,9 @@ import tempfile
 import zmq
 import zmq.asyncio
 
-DEFAULT_LINGER_MS = 0
+# Long enough for a large reply or last message to leave before a closing process drops it;
+# ``close_all(linger_ms=0)`` is the forced path.
+DEFAULT_LINGER_MS = 2000
 
 
 class SocketFactory:
@@ -38,11 +40,11 @@ class SocketFactory:
     def close(self, sock: zmq.asyncio.Socket) -> None:
         if sock in self._sockets:
             self._sockets.remove(sock)
-        sock.close(linger=0)
+        sock.close()
 
-    def close_all(self) -> None:
+    def close_all(self, linger_ms: int | None = None) -> None:
         while self._sockets:
-            self._sockets.pop().close(linger=0)
+            self._sockets.pop().close(linger=linger_ms)
 
     @property
     def open_count(self) -> int:

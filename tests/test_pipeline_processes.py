@@ -63,8 +63,8 @@ def test_kill_9_of_the_transformer_is_restarted_and_the_run_completes(live):
     # The killed transformer's unacknowledged input is redelivered: at least once, none lost.
     _assert_complete(result, n, duplicates_allowed=True)
     assert len(result["by_instance"]) == 1  # same replica name across the restart
-    assert "supervisor.transformer.restarted" in open(
-        os.path.join(run.run_dir, "events.jsonl")).read()
+    with open(os.path.join(run.run_dir, "events.jsonl")) as f:
+        assert "supervisor.transformer.restarted" in f.read()
 
 
 @pytest.mark.timeout(300)

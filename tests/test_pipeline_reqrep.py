@@ -254,9 +254,6 @@ def test_small_reply_survives_the_server_closing_right_after(tmp_path):
     run(_reply_then_close(tmp_path, 64))
 
 
-@pytest.mark.xfail(strict=True, raises=TimeoutError, reason=(
-    "pipeline.sockets closes every socket with linger=0: a 16 MiB reply still being written "
-    "when the server closes is discarded and the client waits until its timeout"))
 @pytest.mark.timeout(60)
 def test_reply_survives_the_server_closing_right_after(tmp_path):
     run(_reply_then_close(tmp_path, 16 * MiB))
