@@ -120,5 +120,8 @@ async def run(config: Config, bus, ready) -> dict:
         except TimeoutError as exc:  # a node is restarting: try again next time
             log.warning("checkpoint skipped: %s", exc)
     if config.final:
-        await checkpoint("run ending")
+        try:
+            await checkpoint("run ending")
+        except TimeoutError as exc:
+            log.error("final checkpoint failed: %s", exc)
     return {"checkpoints": len(written), "last": written[-1] if written else None}

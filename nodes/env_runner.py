@@ -90,9 +90,13 @@ async def run(config: Config, bus, ready) -> dict:
     ready()
     try:
         while not bus.stopping.is_set():
-            reply = await _request_unless_stopping(
-                policy, TimeStepBatch(bus.context.instance, env_offset, ts._asdict()),
-                config.request_timeout_s, bus.stopping)
+            try:
+                reply = await _request_unless_stopping(
+                    policy, TimeStepBatch(bus.context.instance, env_offset, ts._asdict()),
+                    config.request_timeout_s, bus.stopping)
+            except TimeoutError as exc:  # the unroller is restarting: ask again, same step
+                log.warning("%s: %s; asking again", bus.context.instance, exc)
+                continue
             if reply is None:
                 break
             env_steps = reply.message.env_steps

@@ -17,6 +17,7 @@ a graph that lists it in ``run.stop_when``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -123,6 +124,10 @@ class Learner:
             await self.after_update(result.metrics)
         if pending is not None:
             pending.cancel()
+        # Tell the replay store we stopped sampling, so it stops holding back inserts.
+        with contextlib.suppress(TimeoutError):
+            client.submit(SampleRequest(0, 0, self.iteration), 5.0).add_done_callback(
+                lambda f: f.exception())
 
     async def _submit(self, client, length: int):
         await asyncio.wait_for(client._available.wait(), self.config.request_timeout_s)

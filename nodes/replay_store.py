@@ -5,7 +5,8 @@ rate-limits sampling against insertion like Reverb's rate limiter: with ``sample
 set, ``inserted * spi - sampled`` must stay within ``[-spi_tolerance, +spi_tolerance]`` items;
 a sample request that would go below waits for inserts, and ingestion pauses (backpressure on
 the unroller, nothing dropped) when it would go above. Nothing is sampled before
-``min_size_to_sample`` steps are stored.
+``min_size_to_sample`` steps are stored. A sample request of size 0 means the learner left:
+inserts are no longer held back (so producers can drain at the end of a run).
 
 All of this runs on one event loop, so the buffer needs no lock; a checkpoint gets a copy of
 the buffer's state (``state_dict`` clones), so ingest and sampling go on while the checkpointer
@@ -55,6 +56,7 @@ class RateLimiter:
         self.spi, self.tolerance, self.min_size = spi, tolerance, min_size
         self.inserted = 0
         self.sampled = 0
+        self.sampler_active = True  # False once the learner said it left: stop holding inserts
         self.changed = asyncio.Event()
 
     def _diff(self) -> float:
@@ -66,7 +68,7 @@ class RateLimiter:
         return self.spi is None or self._diff() - items >= -self.tolerance
 
     def can_insert(self, items: int) -> bool:
-        if self.spi is None or self.inserted + items <= self.min_size:
+        if self.spi is None or not self.sampler_active or self.inserted + items <= self.min_size:
             return True
         return self._diff() + items * self.spi <= self.tolerance
 
@@ -188,6 +190,12 @@ async def run(config: Config, bus, ready) -> dict:
 
     async def serve_samples():
         async for request in sampler:
+            if request.message.batch_size == 0:  # the learner is leaving: release inserts
+                store.limiter.sampler_active = False
+                store.limiter.changed.set()
+                await request.reply(request.message)
+                continue
+            store.limiter.sampler_active = True
             store.pending.append(request)
             await store.serve_pending()
             bus.status["sampled"] = store.limiter.sampled

@@ -629,6 +629,11 @@ class ServiceServer:
         self.bus.sockets.close(self.sock)
 
 
+class ServerGone(TimeoutError):
+    """The server a request went to exited before replying (a TimeoutError, so callers that
+    retry on timeouts retry on this too, only sooner)."""
+
+
 class ServiceClient:
     """Sends requests round-robin over every server of a service; replies matched by id."""
 
@@ -638,6 +643,7 @@ class ServiceClient:
         self.connections: dict[str, zmq.asyncio.Socket] = {}
         self._readers: dict[str, asyncio.Future] = {}
         self._pending: dict[bytes, asyncio.Future] = {}
+        self._sent_to: dict[bytes, str] = {}  # request id -> endpoint it went to
         self._ids = itertools.count(1)
         self._rotation = itertools.count()
         self._available = asyncio.Event()
@@ -653,14 +659,25 @@ class ServiceClient:
             if endpoint not in endpoints:
                 self._readers.pop(endpoint).cancel()
                 self.bus.sockets.close(self.connections.pop(endpoint))
+                self._fail_requests_to(endpoint)
         if self.connections:
             self._available.set()
         else:
             self._available.clear()
 
+    def _fail_requests_to(self, endpoint: str) -> None:
+        """The server behind ``endpoint`` is gone: its pending requests fail now, not at their
+        timeout, so callers can ask a replacement at once."""
+        for request_id, sent_to in list(self._sent_to.items()):
+            future = self._pending.get(request_id)
+            if sent_to == endpoint and future is not None and not future.done():
+                future.set_exception(ServerGone(
+                    f"server of {self.service!r} at {endpoint} went away"))
+
     async def _read(self, sock) -> None:
         while True:
             frames = await sock.recv_multipart(copy=False)
+            self._sent_to.pop(frames[0].bytes, None)
             future = self._pending.pop(frames[0].bytes, None)
             if future is None or future.done():
                 continue  # reply to a request that timed out
@@ -684,10 +701,12 @@ class ServiceClient:
         if not self.connections:
             raise TimeoutError(f"no server for service {self.service!r}")
         endpoints = list(self.connections)
-        sock = self.connections[endpoints[next(self._rotation) % len(endpoints)]]
+        endpoint = endpoints[next(self._rotation) % len(endpoints)]
+        sock = self.connections[endpoint]
         request_id = _U64.pack(next(self._ids))
         future = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
+        self._sent_to[request_id] = endpoint
         self.stats.sent += 1
         send_now(sock, [request_id, *codec.encode(msg, self.bus.instance)])
         return asyncio.ensure_future(self._await_reply(request_id, future, timeout))
@@ -700,6 +719,7 @@ class ServiceClient:
                 from None
         finally:
             self._pending.pop(request_id, None)
+            self._sent_to.pop(request_id, None)
 
     def close(self) -> None:
         for task in self._readers.values():

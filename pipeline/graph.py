@@ -27,7 +27,7 @@ RESTART_POLICIES = ("always", "on-failure", "never")
 TOP_KEYS = {"name", "description", "topics", "services", "nodes", "run"}
 TOPIC_KEYS = {"delivery", "hwm"}
 NODE_KEYS = {"kind", "replicas", "config", "publishes", "subscribes", "serves", "calls",
-             "restart", "device", "description"}
+             "restart", "device", "description", "stop_after"}
 RESTART_KEYS = {"policy", "max_failures", "window_s", "backoff_s", "backoff_max_s"}
 RUN_KEYS = {"directory", "duration_s", "stop_when", "heartbeat_s", "heartbeat_timeout_s",
             "grace_s", "transport", "ready_timeout_s"}
@@ -63,6 +63,7 @@ class NodeSpec:
     calls: tuple = ()
     restart: RestartPolicy = RestartPolicy()
     device: str = "cpu"
+    stop_after: tuple = ()  # extra stop-order edges: stop this node only after these stopped
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class Graph:
                 calls = any(s in other.serves for s in node.calls)
                 if feeds or calls:
                     upstream[other.name].add(node.name)
+            upstream[node.name].update(node.stop_after)
         waves, done = [], set()
         while len(done) < len(self.nodes):
             wave = [n for n in self.nodes if n not in done and upstream[n] <= done]
@@ -300,6 +302,12 @@ def _validate(data: dict, lines: _Lines) -> Graph:
             if s in topics:
                 raise lines.error(("nodes", n.name, "serves", i),
                                   f"{s!r} is already a topic; services need their own names")
+    for n in nodes.values():
+        for i, other in enumerate(n.stop_after):
+            if other not in nodes or other == n.name:
+                raise lines.error(("nodes", n.name, "stop_after", i),
+                                  f"unknown node {other!r}" if other != n.name else
+                                  "a node cannot stop after itself")
     for tname in topics:
         if tname not in published:
             raise lines.error(("topics", tname), "topic is declared but no node publishes it")
@@ -364,8 +372,9 @@ def _validate_node(name: str, spec, topics: dict, lines: _Lines) -> NodeSpec:
     device = spec.get("device", "cpu")
     if not isinstance(device, str) or not re.match(r"^(cpu|cuda(:\d+)?|auto)$", device):
         raise lines.error((*path, "device"), f"must be cpu, cuda, cuda:N or auto, got {device!r}")
+    stop_after = _names(spec.get("stop_after"), (*path, "stop_after"), lines)
     return NodeSpec(name=name, kind=kind, replicas=replicas, config=raw_config,
-                    restart=restart, device=device, **lists)
+                    restart=restart, device=device, stop_after=stop_after, **lists)
 
 
 def _validate_run(spec: dict, nodes: dict, lines: _Lines) -> RunSpec:
