@@ -31,14 +31,46 @@ def env_spaces(env_id: str, env_kwargs: dict | None = None) -> tuple[gym.Space, 
         env.close()
 
 
+class RandomPolicy:
+    """Uniformly random actions (``algorithm: {name: random}``): for measuring the pipeline
+    itself, and for collecting data before any learning. It has no parameters to wait for."""
+
+    on_policy = False
+
+    def __init__(self, action_space: gym.Space, seed: int = 0):
+        self.action_space = action_space
+        self.action_space.seed(seed)
+
+    def rollout_step(self, time_step, state=()):
+        n = len(time_step.step_type)
+        action = np.stack([self.action_space.sample() for _ in range(n)])
+        return algorithms.AlgStep(output=action, state=(), info={})
+
+    predict_step = rollout_step
+
+    def policy_state_dict(self) -> dict:
+        return {}
+
+    def load_policy_state_dict(self, d: dict) -> None:
+        pass
+
+    def checkpoint_state(self) -> dict:
+        return {}
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        pass
+
+
 def make_algorithm(env_id: str, algorithm: dict, device: str, env_kwargs: dict | None = None):
     """``algorithm`` is the graph's ``{name: ..., <hyperparameter>: ...}`` mapping."""
     spec = dict(algorithm)
     name = spec.pop("name", None)
     if not name:
         raise ValueError("algorithm config needs a 'name' (one of "
-                         f"{', '.join(algorithms.algorithm_names())})")
+                         f"{', '.join(algorithms.algorithm_names())}, random)")
     obs_space, action_space = env_spaces(env_id, env_kwargs)
+    if name == "random":
+        return RandomPolicy(action_space, **spec)
     return algorithms.make(name, obs_space, action_space, device=resolve_device(device), **spec)
 
 

@@ -21,16 +21,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from nodes.messages import StateRequest
+from nodes.messages import FINAL_CHECKPOINT, StateRequest
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Config:
-    services: list[str] = field(default_factory=lambda: ["learner_state", "replay_state",
-                                                         "unroller_state"],
-                                metadata={"doc": "state services to collect"})
+    services: list[str] = field(default_factory=lambda: ["unroller_state", "replay_state",
+                                                         "learner_state"],
+                                metadata={"doc": "state services to collect, in this order"})
     interval_s: float = field(default=60.0, metadata={"doc": "seconds between checkpoints"})
     num_checkpoints: int = field(default=3, metadata={"doc": "newest ones kept"})
     timeout_s: float = field(default=120.0, metadata={"doc": "wait for each state"})
@@ -97,9 +97,10 @@ async def run(config: Config, bus, ready) -> dict:
 
     async def checkpoint(reason: str) -> None:
         nonlocal sequence
-        replies = await asyncio.gather(*(
-            client.request(StateRequest(reason), config.timeout_s)
-            for client in clients.values()))
+        # In the configured order, one after the other: the unroller flushes its experience
+        # into replay before it answers a final request, so replay must be asked after it.
+        replies = [await client.request(StateRequest(reason), config.timeout_s)
+                   for client in clients.values()]
         states = {r.message.component: r.message.state for r in replies}
         env_steps = max((r.message.env_steps for r in replies), default=0)
         sequence += 1
@@ -121,7 +122,7 @@ async def run(config: Config, bus, ready) -> dict:
             log.warning("checkpoint skipped: %s", exc)
     if config.final:
         try:
-            await checkpoint("run ending")
+            await checkpoint(FINAL_CHECKPOINT)
         except TimeoutError as exc:
             log.error("final checkpoint failed: %s", exc)
     return {"checkpoints": len(written), "last": written[-1] if written else None}

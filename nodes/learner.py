@@ -107,8 +107,13 @@ class Learner:
         while not self.bus.stopping.is_set() and self.env_steps < config.num_env_steps:
             if pending is None:
                 pending = await self._submit(client, length)
+            stop = asyncio.ensure_future(self.bus.stopping.wait())
+            await asyncio.wait({pending, stop}, return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            if not pending.done():  # stopping; the rate limiter may hold this one forever
+                break
             try:
-                reply = (await pending).message
+                reply = pending.result().message
             except TimeoutError as exc:  # replay store restarting: ask again
                 log.warning("%s; asking again", exc)
                 pending = None

@@ -97,9 +97,13 @@ class Metrics(Message):
     values: dict
 
 
+FINAL_CHECKPOINT = "run ending"
+
+
 @message("rl.state_request")
 class StateRequest(Message):
-    """checkpointer -> learner/replay_store/unroller: send me your full state."""
+    """checkpointer -> learner/replay_store/unroller: send me your full state. ``reason`` is
+    ``FINAL_CHECKPOINT`` for the checkpoint taken when the run stops."""
 
     reason: str
 

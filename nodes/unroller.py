@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from algorithms.data import TimeStep
-from nodes._common import make_algorithm, strip_empty, to_numpy
-from nodes.messages import ActionBatch, ExperienceBatch, StateReply, Trajectory
+from nodes._common import RandomPolicy, make_algorithm, strip_empty, to_numpy
+from nodes.messages import FINAL_CHECKPOINT, ActionBatch, ExperienceBatch, StateReply, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class Unroller:
         self.config, self.bus = config, bus
         self.alg = make_algorithm(config.env_id, config.algorithm, bus.context.device,
                                   config.env_kwargs)
-        self.params = bus.subscriber("params")
+        self.params = bus.subscriber("params") if bus.subscribes("params") else None
         self.on_policy = self.alg.on_policy
         self.output = bus.publisher("trajectories" if self.on_policy else "experience")
         self.version = -1
@@ -87,6 +87,8 @@ class Unroller:
             self.load_params(recv.result())
 
     def refresh_params(self) -> None:
+        if self.params is None:
+            return
         newest = self.params.poll_newest()
         if newest is not None:
             self.load_params(newest)
@@ -144,13 +146,18 @@ async def run(config: Config, bus, ready) -> dict:
     server = bus.server("policy")
     state_server = bus.server("unroller_state") if bus.publishes("unroller_state") else None
     try:
-        await unroller.wait_for_params(-1)
+        if not isinstance(unroller.alg, RandomPolicy):
+            await unroller.wait_for_params(-1)
     except Stopping:
         return {"env_steps": unroller.env_steps, "version": unroller.version}
     ready()
 
     async def serve_state():
         async for request in state_server:
+            if request.message.reason == FINAL_CHECKPOINT:
+                # The last checkpoint must hold every step we produced: wait until the
+                # consumers acknowledged all of it before reporting our counters.
+                await unroller.output.flush(config.params_timeout_s)
             await request.reply(StateReply("unroller", unroller.env_steps, unroller.state()))
 
     tasks = [asyncio.ensure_future(serve_state())] if state_server else []

@@ -1,0 +1,122 @@
+"""Environment steps per second through the graph vs one process stepping the same envs.
+
+    python bench/pipeline_throughput.py [--envs-per-runner 8] [--seconds 10]
+
+For 1, 2 and 4 env runners (each with ``--envs-per-runner`` CartPole-v1 environments), runs the
+real multi-process graph env_runner x N -> unroller (random policy) -> experience -> replay_store
+and measures env steps/s after a warm-up, from the replay store's insert counter (every step
+that went all the way into replay). In the same run it steps ``N * envs-per-runner`` environments
+with random actions in a plain Gymnasium vector env in this one process: the limit the issue
+compares with. Prints a table; the last line is one JSON object with the rates and ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import gymnasium as gym
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from pipeline.cli import control  # noqa: E402
+
+GRAPH = """
+name: pipeline_throughput
+topics:
+  experience: {{delivery: reliable, hwm: 256}}
+nodes:
+  env_runner:
+    kind: env_runner
+    replicas: {runners}
+    config: {{env_id: CartPole-v1, num_envs: {envs}}}
+    calls: [policy]
+  unroller:
+    kind: unroller
+    config: {{env_id: CartPole-v1, algorithm: {{name: random}}}}
+    serves: [policy]
+    publishes: [experience]
+  replay_store:
+    kind: replay_store
+    config: {{num_environments: {total}, max_length: 100000}}
+    subscribes: [experience]
+    serves: [sample]
+run:
+  duration_s: 600
+"""
+
+
+def single_process_rate(num_envs: int, seconds: float) -> float:
+    env = gym.make_vec("CartPole-v1", num_envs=num_envs, vectorization_mode="sync",
+                       vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP})
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        env.step(rng.integers(0, 2, size=num_envs))
+        steps += num_envs
+    env.close()
+    return steps / (time.perf_counter() - start)
+
+
+def graph_rate(runners: int, envs: int, seconds: float, warmup: float) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "graph.yaml")
+        with open(path, "w") as f:
+            f.write(GRAPH.format(runners=runners, envs=envs, total=runners * envs))
+        run_dir = os.path.join(tmp, "run")
+        proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "run.py"), "run", path,
+                                 "--run-dir", run_dir, "--quiet"], cwd=ROOT,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            for line in proc.stderr:
+                if line.startswith("control: "):
+                    break
+            control(run_dir, "wait_ready", timeout=120)
+            time.sleep(warmup)
+
+            def inserted():
+                status = control(run_dir, "status")
+                return status["nodes"]["replay_store.0"].get("status", {}).get("inserted", 0)
+
+            t0, s0 = time.perf_counter(), inserted()
+            time.sleep(seconds)
+            t1, s1 = time.perf_counter(), inserted()
+            control(run_dir, "stop")
+            proc.wait(120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        return (s1 - s0) / (t1 - t0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--envs-per-runner", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--runners", type=int, nargs="+", default=[1, 2, 4])
+    args = parser.parse_args()
+    results = {}
+    print(f"{'runners':>8}{'envs':>6}{'graph steps/s':>15}{'1-process steps/s':>19}{'ratio':>8}")
+    for n in args.runners:
+        total = n * args.envs_per_runner
+        ours = graph_rate(n, args.envs_per_runner, args.seconds, args.warmup)
+        limit = single_process_rate(total, args.seconds)
+        results[n] = {"graph": round(ours, 1), "single_process": round(limit, 1),
+                      "ratio": round(ours / limit, 3)}
+        print(f"{n:>8}{total:>6}{ours:>15.0f}{limit:>19.0f}{ours / limit:>8.2f}", flush=True)
+    print(json.dumps({"bench": "pipeline_throughput", "env": "CartPole-v1",
+                      "envs_per_runner": args.envs_per_runner, "cpus": os.cpu_count(),
+                      "results": results}))
+
+
+if __name__ == "__main__":
+    main()
