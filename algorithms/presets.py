@@ -35,7 +35,7 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     "dqn-CartPole-v1": Preset(
         "dqn", "CartPole-v1", 50_000, 475.0,
-        algorithm=dict(fc_layer_params=(256, 256), learning_rate=2.3e-3, gamma=0.99, n_step=1,
+        algorithm=dict(fc_layer_params=(256, 256), learning_rate=1e-3, gamma=0.99, n_step=1,
                        target_update_period=128, rollout_epsilon_greedy=0.04,
                        epsilon_decay_steps=8000, td_error_loss_fn="huber"),
         trainer=dict(num_envs=4, unroll_length=64, initial_collect_steps=1000,
