@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -46,6 +47,9 @@ class Config:
     samples_per_insert: float | None = field(default=None, metadata={"doc": "rate limit"})
     spi_tolerance: float = field(default=10_000.0, metadata={"doc": "rate limit slack, items"})
     seed: int = field(default=0, metadata={"doc": "sampling seed"})
+    storage_dir: str | None = field(default=None, metadata={
+        "doc": "memory-map the buffer here (relative to the run directory): a restarted store "
+               "re-attaches to it and loses nothing, instead of going back to a checkpoint"})
     metrics_interval_s: float = field(default=5.0, metadata={"doc": "metrics period"})
 
 
@@ -81,6 +85,14 @@ class RateLimiter:
         self.changed.set()
 
 
+def _write_spec(path: str, spec: dict) -> None:
+    data = {k: {"shape": list(s.shape), "dtype": str(s.dtype).replace("torch.", "")}
+            for k, s in spec.items()}
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f)
+    os.replace(path + ".tmp", path)
+
+
 class ReplayStore:
     def __init__(self, config: Config, bus):
         self.config, self.bus = config, bus
@@ -91,9 +103,18 @@ class ReplayStore:
         self.pending: collections.deque = collections.deque()  # sample requests that wait
         self.rejected_priorities = 0
 
+    @property
+    def storage_dir(self) -> str | None:
+        if self.config.storage_dir is None:
+            return None
+        return os.path.join(self.bus.context.run_dir, self.config.storage_dir)
+
     def make_buffer(self, experience: dict) -> None:
         spec = {k: TensorSpec(tuple(np.shape(v))[1:], torch.from_numpy(np.asarray(v)).dtype)
                 for k, v in experience.items()}
+        if self.storage_dir is not None:
+            os.makedirs(self.storage_dir, exist_ok=True)
+            _write_spec(os.path.join(self.storage_dir, "spec.json"), spec)
         per = PER(self.config.priority_replay_alpha, self.config.priority_replay_beta,
                   self.config.priority_replay_eps) if self.config.prioritized_sampling else None
         self.buffer = ReplayBuffer(
@@ -102,7 +123,23 @@ class ReplayStore:
             initial_priority=self.config.initial_priority,
             recent_data_ratio=self.config.recent_data_ratio,
             recent_data_steps=self.config.recent_data_steps,
-            device=self.device, per=per, seed=self.config.seed)
+            device=self.device, per=per, seed=self.config.seed, storage_dir=self.storage_dir)
+
+    def reattach(self) -> bool:
+        """Map the buffer a previous incarnation left in ``storage_dir``; True if there was one.
+
+        The insert counter is the sum of the per-environment write positions (positions only
+        grow), so it survives with the data."""
+        path = os.path.join(self.storage_dir or "", "spec.json")
+        if self.storage_dir is None or not os.path.exists(path):
+            return False
+        with open(path) as f:
+            spec = json.load(f)
+        self.make_buffer({k: np.zeros((1, *s["shape"]), dtype=s["dtype"])
+                          for k, s in spec.items()})
+        self.limiter.inserted = int(self.buffer.writer.current_pos.sum())
+        self.limiter.sampled = int(self.limiter.inserted * (self.limiter.spi or 0))
+        return True
 
     def insert(self, msg: ExperienceBatch) -> None:
         env_ids = np.asarray(msg.env_ids)
@@ -161,7 +198,10 @@ class ReplayStore:
 async def run(config: Config, bus, ready) -> dict:
     torch.set_num_threads(1)
     store = ReplayStore(config, bus)
-    if bus.context.resume:
+    if store.reattach():
+        log.info("replay re-attached to %s: %d steps inserted", store.storage_dir,
+                 store.limiter.inserted)
+    elif bus.context.resume:
         path = os.path.join(bus.context.resume, "replay_store.pt")
         if os.path.exists(path):
             store.restore(torch.load(path, weights_only=True))
