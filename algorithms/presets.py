@@ -95,6 +95,22 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+def make_algorithm(p: Preset, seed: int, device="cpu"):
+    """The preset's algorithm with its weights initialized from ``seed``."""
+    import gymnasium as gym
+    import torch
+
+    import algorithms
+
+    torch.manual_seed(seed)
+    env = gym.make(p.env_id)
+    try:
+        return algorithms.make(p.algo, env.observation_space, env.action_space, device=device,
+                               **p.algorithm)
+    finally:
+        env.close()
+
+
 def get_preset(algo: str, env_id: str) -> Preset:
     key = f"{algo}-{env_id}"
     if key not in PRESETS:

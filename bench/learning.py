@@ -22,17 +22,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import algorithms  # noqa: E402
 from algorithms.data import AlgStep  # noqa: E402
-from algorithms.presets import Preset, get_preset  # noqa: E402
-from algorithms.sync_trainer import TrainerConfig, evaluate, make_vector_env, train  # noqa: E402
+from algorithms.presets import Preset, get_preset, make_algorithm  # noqa: E402
+from algorithms.sync_trainer import TrainerConfig, evaluate, train  # noqa: E402
 
 
 def run_ours(p: Preset, seed: int, threads: int) -> dict:
-    env = make_vector_env(p.env_id, 1)
-    alg = algorithms.make(p.algo, env.single_observation_space, env.single_action_space,
-                          **p.algorithm)
-    env.close()
+    alg = make_algorithm(p, seed)
     cfg = TrainerConfig.from_kwargs(**{**p.trainer, "num_env_steps": p.budget,
                                        "threshold": p.threshold, "stop_at_threshold": True,
                                        "num_threads": threads})

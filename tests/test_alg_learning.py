@@ -9,16 +9,12 @@ import statistics
 
 import pytest
 
-import algorithms
-from algorithms.presets import PRESETS, Preset
-from algorithms.sync_trainer import TrainerConfig, make_vector_env, train
+from algorithms.presets import PRESETS, Preset, make_algorithm
+from algorithms.sync_trainer import TrainerConfig, train
 
 
 def run_preset(p: Preset, seed: int, stop_at_threshold: bool = True):
-    env = make_vector_env(p.env_id, 1)
-    alg = algorithms.make(p.algo, env.single_observation_space, env.single_action_space,
-                          **p.algorithm)
-    env.close()
+    alg = make_algorithm(p, seed)
     cfg = TrainerConfig.from_kwargs(**{**p.trainer, "num_env_steps": p.budget,
                                        "threshold": p.threshold,
                                        "stop_at_threshold": stop_at_threshold})
