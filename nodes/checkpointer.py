@@ -57,8 +57,12 @@ def as_torch(tree):
     return tree
 
 
-def write_checkpoint(root: str, states: dict, env_steps: int, sequence: int) -> str:
-    """Write ``states`` (component -> state) as one checkpoint directory; return its path."""
+def write_checkpoint(root: str, states: dict, env_steps: int, sequence: int,
+                     previous: str | None = None) -> str:
+    """Write ``states`` (component -> state) as one checkpoint directory; return its path.
+
+    Components of ``previous`` that ``states`` lacks are carried over (hard-linked), so every
+    checkpoint is complete on its own."""
     os.makedirs(root, exist_ok=True)
     name = f"ckpt-{env_steps:012d}-{sequence:04d}"
     tmp = os.path.join(root, f".tmp-{name}")
@@ -70,6 +74,10 @@ def write_checkpoint(root: str, states: dict, env_steps: int, sequence: int) -> 
             torch.save(as_torch(state), f)
             f.flush()
             os.fsync(f.fileno())
+    if previous is not None and os.path.isdir(previous):
+        for name in os.listdir(previous):
+            if name.endswith(".pt") and name[:-3] not in states:
+                os.link(os.path.join(previous, name), os.path.join(tmp, name))
     with open(os.path.join(tmp, "COMPLETE"), "w") as f:
         json.dump({"env_steps": env_steps, "time": time.time(), "components": sorted(states)},
                   f)
@@ -99,12 +107,21 @@ async def run(config: Config, bus, ready) -> dict:
         nonlocal sequence
         # In the configured order, one after the other: the unroller flushes its experience
         # into replay before it answers a final request, so replay must be asked after it.
-        replies = [await client.request(StateRequest(reason), config.timeout_s)
-                   for client in clients.values()]
+        replies, carried = [], []
+        for name, client in clients.items():
+            if reason == FINAL_CHECKPOINT and not client.connections:
+                carried.append(name)  # it already finished (e.g. the learner at its budget)
+                continue
+            replies.append(await client.request(StateRequest(reason), config.timeout_s))
         states = {r.message.component: r.message.state for r in replies}
         env_steps = max((r.message.env_steps for r in replies), default=0)
         sequence += 1
-        path = await asyncio.to_thread(write_checkpoint, root, states, env_steps, sequence)
+        previous = written[-1] if written else None
+        if carried:
+            log.warning("final checkpoint: %s no longer running; their state is carried over "
+                        "from %s", ", ".join(carried), previous)
+        path = await asyncio.to_thread(write_checkpoint, root, states, env_steps, sequence,
+                                       previous)
         await asyncio.to_thread(prune, root, config.num_checkpoints)
         written.append(path)
         bus.status.update(checkpoints=len(written), env_steps=env_steps)

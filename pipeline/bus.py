@@ -43,7 +43,7 @@ import zmq.asyncio
 
 from pipeline import codec
 from pipeline.messages import Credit, Join, Leave, LeaveAck
-from pipeline.sockets import SocketFactory, bind, recv_batch, recv_now, send_now, shadow_of
+from pipeline.sockets import Sender, SocketFactory, bind, recv_batch, recv_now, send_now, shadow_of
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,13 @@ _LEAVE_ACK = b"A"
 ACK_DELAY_S = 0.002  # how long an idle subscriber may sit on credit below the batch size
 _DATA = b"D"
 _CTRL = b"C"
+# Large array frames at least this big are sent in place; smaller ones are copied, which costs
+# less than the bookkeeping that keeps a buffer alive until zmq's I/O thread is done with it.
+ZERO_COPY_MIN = 64 << 10
+
+
+def _as_bytes(frame) -> bytes:
+    return frame if type(frame) is bytes else frame.bytes
 
 
 @dataclass
@@ -109,6 +116,7 @@ class ReliablePublisher:
         self._by_id: dict[bytes, tuple[_Group, _Member]] = {}
         self.sock = bus.sockets.make(zmq.ROUTER, hwm=0, router_mandatory=1)
         self.endpoint = bind(self.sock, endpoint)
+        self._out = Sender(self.sock, copy_threshold=ZERO_COPY_MIN)  # every send on sock
         self._space = asyncio.Event()
         self._drained = asyncio.Event()
         self.tap = _Tap(bus, endpoint + ".tap")
@@ -124,13 +132,25 @@ class ReliablePublisher:
         self.seq += 1
         frames = codec.encode(msg, self.bus.instance, self.seq)
         for group in self.groups.values():
-            group.backlog.append(frames)
-            self._pump(group)
+            backlog = group.backlog
+            backlog.append(frames)
+            # Pumps run on every change of credit or membership and stop only when the backlog
+            # is empty or no member has credit: a backlog that was not empty has nobody to go to.
+            if len(backlog) == 1:
+                self._pump(group)
+        self._update_depth()
         self.stats.sent += 1
         self.tap.mirror(self.topic, frames)
 
     def _full(self) -> bool:
-        return any(len(g.backlog) >= self.hwm for g in self.groups.values())
+        hwm = self.hwm
+        return any(len(group.backlog) >= hwm for group in self.groups.values())
+
+    def _update_depth(self) -> None:
+        depth = 0
+        for group in self.groups.values():
+            depth = max(depth, len(group.backlog))
+        self.stats.depth = depth
 
     def pending(self) -> int:
         return sum(g.pending() for g in self.groups.values())
@@ -150,16 +170,20 @@ class ReliablePublisher:
         return True
 
     def _pump(self, group: _Group) -> None:
+        backlog = group.backlog
+        if not backlog:
+            return
+        send, pack = self._out.send, _U64.pack
         members = [m for m in group.members.values() if m.credit > 0 and not m.leaving]
-        while group.backlog and members:
-            member = members[next(group.rotation) % len(members)]
-            frames = group.backlog.popleft()
+        while backlog and members:
+            member = members[next(group.rotation) % len(members)] if len(members) > 1 \
+                else members[0]
+            frames = backlog.popleft()
             member.delivered += 1
             try:
-                send_now(self.sock,
-                         [member.routing_id, _DATA + _U64.pack(member.delivered), *frames])
+                send([member.routing_id, _DATA + pack(member.delivered), *frames])
             except zmq.ZMQError:  # peer vanished between notify and send: treat as gone
-                group.backlog.appendleft(frames)
+                backlog.appendleft(frames)
                 self._drop_member(member.routing_id)
                 members = [m for m in group.members.values() if m.credit > 0 and not m.leaving]
                 continue
@@ -167,13 +191,13 @@ class ReliablePublisher:
             member.credit -= 1
             if member.credit == 0:
                 members.remove(member)
-        self.stats.depth = max((len(g.backlog) for g in self.groups.values()), default=0)
+        self._update_depth()
 
     async def _serve(self) -> None:
         shadow = shadow_of(self.sock)
         while True:
             for frames in await recv_batch(self.sock, shadow):
-                routing_id, body = frames[0].bytes, frames[1:]
+                routing_id, body = _as_bytes(frames[0]), frames[1:]
                 try:
                     msg = codec.decode(body).message
                 except codec.ProtocolError as exc:
@@ -193,7 +217,7 @@ class ReliablePublisher:
     def _send_ctrl(self, routing_id: bytes, tag: bytes, msg=None) -> None:
         frames = [routing_id, _CTRL + tag] + (codec.encode(msg) if msg else [])
         try:
-            send_now(self.sock, frames)
+            self._out.send(frames)
         except zmq.ZMQError:
             self._drop_member(routing_id)
 
@@ -259,8 +283,10 @@ class _Connection:
         self.sub, self.endpoint = sub, endpoint
         self.sock = sub.bus.sockets.make(zmq.DEALER, hwm=0)
         self.sock.connect(endpoint)
+        self._out = Sender(self.sock)  # every send on sock
         self.expected = 1
-        self.unacked = 0
+        self.unacked = 0  # delivered and not yet acknowledged
+        self.handled = 0  # of those, handed out by recv() and then asked past
         self.left = False
         # The DEALER queues this until the connection is up: no handshake, no sleep.
         self.send_control(Join(sub.topic, sub.group, sub.bus.instance, sub.window))
@@ -269,11 +295,16 @@ class _Connection:
         self.task = asyncio.ensure_future(self._read())
 
     def send_control(self, msg) -> None:
-        send_now(self.sock, codec.encode(msg))
+        self._out.send(codec.encode(msg))
 
     def ack(self, count: int) -> None:
         self.unacked -= count
         self.send_control(Credit(self.sub.topic, count))
+
+    def ack_handled(self) -> None:
+        count, self.handled = self.handled, 0
+        if count and not self.sock.closed:
+            self.ack(count)
 
     async def _read(self) -> None:
         shadow = shadow_of(self.sock)
@@ -284,7 +315,7 @@ class _Connection:
 
     def _on_frames(self, frames) -> None:
         sub = self.sub
-        head = frames[0].bytes
+        head = _as_bytes(frames[0])
         if head[:1] == _CTRL:
             if head[1:] == _LEAVE_ACK:
                 self.left = True
@@ -332,7 +363,8 @@ class ReliableSubscriber:
         self._queue: collections.deque = collections.deque()
         self._event = asyncio.Event()
         self._last: _Connection | None = None
-        self._to_ack: collections.Counter = collections.Counter()
+        self._to_ack: set[_Connection] = set()  # connections with handled messages
+        self._ack_batch = max(1, window // 4)
         self._ack_timer: asyncio.TimerHandle | None = None
         self.leaving = False
 
@@ -353,17 +385,19 @@ class ReliableSubscriber:
         would cost the publisher as much as the data). Whatever stays below the batch size is
         sent by :meth:`_flush_acks` if we go idle, like TCP's delayed ACK, so a publisher
         waiting for its last acknowledgements is never stuck."""
-        if self._last is not None:
-            self._to_ack[self._last] += 1
+        conn = self._last
+        if conn is not None:
             self._last = None
-        if not self._to_ack:
+            conn.handled += 1
+            self._to_ack.add(conn)
+        if threshold is None:  # only the last connection's count moved
+            if conn is not None and conn.handled >= self._ack_batch:
+                self._to_ack.discard(conn)
+                conn.ack_handled()
             return
-        threshold = threshold or max(1, self.window // 4)
-        for conn, count in list(self._to_ack.items()):
-            if count >= threshold:
-                del self._to_ack[conn]
-                if not conn.sock.closed:
-                    conn.ack(count)
+        for conn in [c for c in self._to_ack if c.handled >= threshold]:
+            self._to_ack.discard(conn)
+            conn.ack_handled()
 
     def _flush_acks(self) -> None:
         self._ack_timer = None

@@ -1,13 +1,15 @@
-"""Wire codec: a msgpack envelope plus one frame per array buffer. No pickle, ever.
+"""Wire codec: a msgpack envelope plus one frame per large array buffer. No pickle, ever.
 
 A message on the wire is ``[envelope, buffer_0, buffer_1, ...]`` (the bus puts routing or
 topic frames in front). The envelope is msgpack of::
 
     {"k": kind, "s": sender, "n": sequence, "t": send time, "v": schema version, "p": payload}
 
-Arrays inside the payload are replaced by a msgpack extension holding ``(frame index, dtype,
-shape, is_torch)``; their bytes travel as separate frames that zmq sends without copying.
-Tuples are kept apart from lists by another extension so nested tuples round-trip.
+Arrays inside the payload are replaced by a msgpack extension. An array of at least
+:data:`INLINE_MAX` bytes becomes ``(frame index, dtype, shape, is_torch)`` and its bytes travel
+as a separate frame that zmq sends without copying; a smaller one carries its bytes inside the
+extension (one copy, but no frame: a frame costs more than copying a few KiB). Tuples are kept
+apart from lists by another extension so nested tuples round-trip.
 
 :func:`decode` trusts nothing: any malformed, truncated or unknown message raises
 :class:`ProtocolError` with a one-line reason, which receivers count and log.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import struct
 import sys
 import threading
 import time
@@ -34,10 +37,17 @@ from pipeline.messages import SCHEMA_VERSION, message_class
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 warnings.filterwarnings("ignore", message="The given buffer is not writable")
 
-_EXT_ARRAY = 1
+_EXT_ARRAY = 1  # (frame index, dtype, shape, is_torch); the bytes are frame ``index + 1``
 _EXT_TUPLE = 2
+_EXT_INLINE = 3  # u16 descriptor length, msgpack (dtype, shape, is_torch), the array's bytes
 _ALLOWED_KINDS = frozenset("biuf")
 _BF16 = "bf16"
+_U16 = struct.Struct("<H")
+_ENVELOPE_KEYS = frozenset("ksntvp")
+# Arrays below this many bytes travel inside the envelope. Read at every encode, so tests can
+# force either path.
+INLINE_MAX = 16 << 10
+_CACHE_SIZE = 256  # per-thread caches of array descriptors (bounded: a peer may send anything)
 # Every tuple level is a nested msgpack call, and each unpacker keeps ~40 KB of state on the C
 # stack: a couple of hundred levels overflow it and the process dies (SIGSEGV) instead of raising.
 MAX_TUPLE_DEPTH = 32
@@ -70,6 +80,7 @@ class _Encoder(threading.local):
         self.packer = msgpack.Packer(default=self.default, use_bin_type=True,
                                      strict_types=True, autoreset=True)
         self.meta = msgpack.Packer(use_bin_type=True, autoreset=True)
+        self.inline_heads: dict[tuple, bytes] = {}  # (dtype, shape, is_torch) -> ext head
 
     def default(self, obj):
         if isinstance(obj, np.ndarray):
@@ -93,6 +104,16 @@ class _Encoder(threading.local):
     def array_ext(self, arr: np.ndarray, is_torch: bool, dtype_tag: str | None = None):
         if arr.dtype.kind not in _ALLOWED_KINDS:
             raise TypeError(f"arrays of dtype {arr.dtype} cannot travel on the wire")
+        if arr.nbytes < INLINE_MAX:
+            key = (dtype_tag or arr.dtype.str, arr.shape, is_torch)
+            head = self.inline_heads.get(key)
+            if head is None:
+                if len(self.inline_heads) >= _CACHE_SIZE:
+                    self.inline_heads.clear()
+                meta = self.meta.pack(key)
+                head = self.inline_heads[key] = _U16.pack(len(meta)) + meta
+            # tobytes() is C order for any layout, so strides need no special case.
+            return msgpack.ExtType(_EXT_INLINE, head + arr.tobytes())
         if not arr.flags.c_contiguous:  # np.ascontiguousarray would turn 0-d into 1-d
             arr = arr.copy(order="C")
         index = len(self.buffers)
@@ -106,7 +127,8 @@ _encoder = _Encoder()
 
 
 def encode(msg: Any, sender: str = "", seq: int = 0) -> list:
-    """Frames for ``msg`` (a registered message dataclass). Array buffers are not copied."""
+    """Frames for ``msg`` (a registered message dataclass). Large array buffers are not
+    copied; arrays below :data:`INLINE_MAX` bytes are copied into the envelope."""
     enc = _encoder
     enc.buffers, enc.kind, enc.depth = [], msg.KIND, 0
     payload = {name: getattr(msg, name) for name in _field_info(type(msg))[2]}
@@ -138,47 +160,86 @@ def _tensor_ext(tensor, enc: _Encoder):
     return enc.array_ext(tensor.numpy(), is_torch=True)
 
 
-def decode(frames: list) -> Envelope:
-    """Parse ``[envelope, *buffers]`` into an :class:`Envelope`; raise ProtocolError if bad."""
-    if not frames:
-        raise ProtocolError("empty message")
-    views = [_as_buffer(f) for f in frames]
-    used: set[int] = set()
-    depth = 0
+class _Decoder(threading.local):
+    """Per-thread decoding state: the message's buffers, the ext hook bound once, and a cache
+    of checked inline-array descriptors (the same few shapes arrive over and over)."""
 
-    def ext_hook(code, data):
-        nonlocal depth
+    def __init__(self):
+        self.views: list = []
+        self.used: set[int] = set()
+        self.depth = 0
+        self.hook = self.ext_hook
+        self.inline_specs: dict[bytes, tuple] = {}
+
+    def unpack(self, data):
+        return msgpack.unpackb(data, ext_hook=self.hook, raw=False, strict_map_key=False)
+
+    def ext_hook(self, code, data):
+        if code == _EXT_INLINE:
+            return self.inline(data)
         if code == _EXT_TUPLE:
-            if depth >= MAX_TUPLE_DEPTH:
+            if self.depth >= MAX_TUPLE_DEPTH:
                 raise ProtocolError(f"tuples nested deeper than {MAX_TUPLE_DEPTH}")
-            depth += 1
+            self.depth += 1
             try:
-                return tuple(_unpack(data))
+                return tuple(self.unpack(data))
             finally:
-                depth -= 1
+                self.depth -= 1
         if code == _EXT_ARRAY:
-            return _decode_array(data, views, used)
+            return _decode_array(data, self.views, self.used)
         raise ProtocolError(f"unknown extension type {code}")
 
-    def _unpack(data):
-        return msgpack.unpackb(data, ext_hook=ext_hook, raw=False, strict_map_key=False)
+    def inline(self, data: bytes):
+        start = 2 + (_U16.unpack_from(data)[0] if len(data) >= 2 else 0)
+        head = data[:start]
+        spec = self.inline_specs.get(head)
+        if spec is None:
+            try:
+                dtype_tag, shape, is_torch = msgpack.unpackb(data[2:start], raw=False)
+            except Exception:
+                raise ProtocolError("malformed array descriptor") from None
+            spec = (*_array_spec(dtype_tag, shape, is_torch), is_torch)
+            if len(self.inline_specs) >= _CACHE_SIZE:
+                self.inline_specs.clear()
+            self.inline_specs[head] = spec
+        dtype, shape, bf16, count, is_torch = spec
+        _check_length(len(data) - start, shape, dtype, count)
+        return _as_array(np.frombuffer(data, dtype=dtype, count=count, offset=start), shape,
+                         is_torch, bf16)
 
+
+_decoder = _Decoder()
+
+
+def decode(frames: list) -> Envelope:
+    """Parse ``[envelope, *buffers]`` into an :class:`Envelope`; raise ProtocolError if bad.
+
+    Frames may be ``bytes`` or ``zmq.Frame`` (received with ``copy=False``) or any buffer.
+    """
+    if not frames:
+        raise ProtocolError("empty message")
+    dec = _decoder
+    dec.views = views = [f if type(f) is bytes else _as_buffer(f) for f in frames]
+    dec.used = used = set()
+    dec.depth = 0
     try:
-        envelope = _unpack(views[0])
+        envelope = dec.unpack(views[0])
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack raises a zoo of types on garbage
         raise ProtocolError(f"undecodable envelope: {type(exc).__name__}: {exc}") from None
-    if not isinstance(envelope, dict) or not {"k", "s", "n", "t", "v", "p"} <= envelope.keys():
+    finally:
+        dec.views = []  # do not keep the frames alive
+    if type(envelope) is not dict or not envelope.keys() >= _ENVELOPE_KEYS:
         raise ProtocolError("envelope is not a map with keys k, s, n, t, v, p")
     kind, version, payload = envelope["k"], envelope["v"], envelope["p"]
     # type() first: an array here would make ``!=`` ambiguous instead of False.
     if type(version) is not int or version != SCHEMA_VERSION:
         raise ProtocolError(f"schema version {_short(version)}, expected {SCHEMA_VERSION}")
-    cls = message_class(kind) if isinstance(kind, str) else None
+    cls = message_class(kind) if type(kind) is str else None
     if cls is None:
         raise ProtocolError(f"unknown message kind {_short(kind)}")
-    if not isinstance(payload, dict):
+    if type(payload) is not dict:
         raise ProtocolError(f"{kind}: payload is not a map")
     if len(used) != len(views) - 1:
         raise ProtocolError(f"{kind}: {len(views) - 1} buffer frames but {len(used)} referenced")
@@ -192,7 +253,7 @@ def decode(frames: list) -> Envelope:
             raise ProtocolError(
                 f"{kind}: field {name!r} should be {annotation}, got {type(value).__name__}")
     sender, seq, sent_at = envelope["s"], envelope["n"], envelope["t"]
-    if not isinstance(sender, str) or not isinstance(seq, int) or not isinstance(sent_at, float):
+    if type(sender) is not str or type(seq) is not int or type(sent_at) is not float:
         raise ProtocolError(f"{kind}: bad sender/sequence/time in envelope")
     return Envelope(kind, sender, seq, sent_at, cls(**payload))
 
@@ -204,8 +265,6 @@ def _short(value) -> str:
 
 
 def _as_buffer(frame):
-    if isinstance(frame, bytes):
-        return frame
     buffer = getattr(frame, "buffer", None)  # zmq.Frame received with copy=False
     if buffer is not None:
         return buffer
@@ -215,37 +274,55 @@ def _as_buffer(frame):
         raise ProtocolError(f"frame of type {type(frame).__name__} is not a buffer") from None
 
 
-def _decode_array(data, views, used):
-    try:
-        index, dtype_tag, shape, is_torch = msgpack.unpackb(data, raw=False)
-    except Exception:
-        raise ProtocolError("malformed array descriptor") from None
-    if (not isinstance(dtype_tag, str) or not isinstance(shape, list)
-            or not all(type(d) is int for d in shape) or not isinstance(is_torch, bool)):
+def _array_spec(dtype_tag, shape, is_torch) -> tuple[np.dtype, tuple, bool, int]:
+    """Check a descriptor's (dtype, shape, is_torch); return (dtype, shape, bf16, count)."""
+    if (type(dtype_tag) is not str or type(shape) is not list
+            or not all(type(d) is int for d in shape) or type(is_torch) is not bool):
         raise ProtocolError("malformed array descriptor")
     shape = tuple(shape)
-    if type(index) is not int or not 0 <= index < len(views) - 1 or index in used:
-        raise ProtocolError(f"array refers to missing or reused frame {index!r}")
     if any(d < 0 for d in shape):
         raise ProtocolError(f"negative array dimension in {shape}")
     bf16 = dtype_tag == _BF16
     if bf16 and not is_torch:
         raise ProtocolError("bfloat16 travels only as a torch tensor")
     try:
-        dtype = np.dtype("<i2" if bf16 else dtype_tag)
+        dtype = _dtype(dtype_tag)
     except TypeError:
         raise ProtocolError(f"unknown dtype {dtype_tag!r}") from None
     if dtype.kind not in _ALLOWED_KINDS:
         raise ProtocolError(f"dtype {dtype} not allowed on the wire")
-    used.add(index)
-    buffer = views[index + 1]
-    count = math.prod(shape)  # Python ints: a hostile shape cannot overflow into a match
-    if len(buffer) != count * dtype.itemsize:
+    return dtype, shape, bf16, math.prod(shape)  # Python ints: a hostile shape cannot overflow
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype(tag: str) -> np.dtype:
+    return np.dtype("<i2" if tag == _BF16 else tag)
+
+
+def _check_length(nbytes: int, shape, dtype, count: int) -> None:
+    if nbytes != count * dtype.itemsize:
         raise ProtocolError(
-            f"array frame has {len(buffer)} bytes, shape {shape} of {dtype} needs "
+            f"array frame has {nbytes} bytes, shape {shape} of {dtype} needs "
             f"{count * dtype.itemsize}"
         )
-    arr = np.frombuffer(buffer, dtype=dtype, count=count).reshape(shape)
+
+
+def _decode_array(data, views, used):
+    try:
+        index, dtype_tag, shape, is_torch = msgpack.unpackb(data, raw=False)
+    except Exception:
+        raise ProtocolError("malformed array descriptor") from None
+    dtype, shape, bf16, count = _array_spec(dtype_tag, shape, is_torch)
+    if type(index) is not int or not 0 <= index < len(views) - 1 or index in used:
+        raise ProtocolError(f"array refers to missing or reused frame {index!r}")
+    used.add(index)
+    buffer = views[index + 1]
+    _check_length(len(buffer), shape, dtype, count)
+    return _as_array(np.frombuffer(buffer, dtype=dtype, count=count), shape, is_torch, bf16)
+
+
+def _as_array(flat: np.ndarray, shape: tuple, is_torch: bool, bf16: bool):
+    arr = flat.reshape(shape)
     if not is_torch:
         return arr
     import torch  # only processes that receive tensors pay for importing torch

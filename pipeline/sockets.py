@@ -7,6 +7,7 @@ with an open socket hangs, and that is the classic zmq shutdown bug.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 
@@ -70,23 +71,89 @@ def bind(sock: zmq.Socket, endpoint: str) -> str:
 
 
 _NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
+_EVENTS = int(zmq.EVENTS)
+# pyzmq's compiled send, without the Python wrapper that only handles DRAFT-socket arguments.
+_send_frame = zmq.backend.Socket.send
 
 
-async def recv_batch(sock: zmq.asyncio.Socket, shadow: zmq.Socket, limit: int = 512) -> list:
-    """Wait for one message, then take every message already waiting (up to ``limit``).
+async def recv_batch(sock: zmq.asyncio.Socket, shadow: zmq.Socket, limit: int = 512,
+                     copy_first: int = 2) -> list:
+    """Every message already waiting (up to ``limit``), or, if none is, the next one.
 
     Why: each awaited receive costs a future and a loop iteration; under load the messages are
     already there, and draining them through the plain ``shadow`` of the socket is several times
-    cheaper. Safe because the caller is the socket's only reader and sends go through
-    :func:`send_now`, which keeps zmq.asyncio's edge-triggered wake-ups right.
+    cheaper. The first ``copy_first`` frames of a message come as ``bytes`` (small: routing,
+    headers, envelopes), the rest as ``zmq.Frame`` without a copy (the codec only puts large
+    arrays there); a message that had to be waited for has every frame as ``zmq.Frame``.
+    Safe because the caller is the socket's only reader, the drain stops only when the socket is
+    empty, and zmq.asyncio checks ``EVENTS`` before it waits.
     """
-    batch = [await sock.recv_multipart(copy=False)]
+    batch = _drain(shadow, limit, copy_first)
+    if not batch:
+        batch.append(await sock.recv_multipart(copy=False))
+        batch += _drain(shadow, limit - 1, copy_first)
+    return batch
+
+
+def _drain(shadow: zmq.Socket, limit: int, copy_first: int) -> list:
+    # Frames, not copies, so that ``Frame.more`` says whether the message goes on: querying
+    # RCVMORE builds an enum per call in pyzmq and costs more than the receive.
+    batch = []
+    recv = shadow.recv
     try:
         while len(batch) < limit:
-            batch.append(shadow.recv_multipart(_NOBLOCK, copy=False))
+            frame = recv(_NOBLOCK, False)
+            parts = [frame.bytes if copy_first else frame]
+            while frame.more:
+                frame = recv(_NOBLOCK, False)
+                parts.append(frame.bytes if len(parts) < copy_first else frame)
+            batch.append(parts)
     except zmq.Again:
         pass
     return batch
+
+
+class Sender:
+    """Non-blocking sends through the plain shadow of an asyncio socket, for hot paths.
+
+    Why: zmq.asyncio's ``send_multipart`` makes a future, queries ``EVENTS`` and combines enum
+    flags for every frame, which costs more than the send itself. The hazard that
+    :func:`send_now` avoids is handled here instead: zmq's file descriptor is edge-triggered,
+    so a send that processes the command making a message readable swallows the wake-up a
+    pending asyncio ``recv`` waits for. After sending, once per loop iteration (before the loop
+    can sleep), the sender queries ``EVENTS`` through the asyncio socket, whose ``get`` wakes its
+    waiting readers when something is readable (what pyzmq itself does after a send it makes
+    without waiting).
+
+    Every send on the socket must go through one ``Sender``: a send waiting inside zmq.asyncio
+    would be overtaken. Meant for sockets that never block on send (ROUTER/DEALER with
+    ``hwm=0``); raises ``zmq.Again`` or ``zmq.ZMQError`` like a non-blocking send.
+    """
+
+    def __init__(self, sock: zmq.asyncio.Socket, copy_threshold: int | None = None):
+        self.sock = sock
+        self.shadow = shadow_of(sock)
+        if copy_threshold is not None:  # smaller frames are copied, larger ones sent in place
+            self.shadow.copy_threshold = copy_threshold
+        self._rearm_due = False
+
+    def send(self, frames: list) -> None:
+        shadow = self.shadow
+        last = len(frames) - 1
+        for i, frame in enumerate(frames):
+            _send_frame(shadow, frame, _NOBLOCK if i == last else _SNDMORE_NOBLOCK, False)
+        if not self._rearm_due:
+            self._rearm_due = True
+            try:
+                asyncio.get_running_loop().call_soon(self._rearm)
+            except RuntimeError:  # no loop yet, so nobody waits on the socket either
+                self._rearm()
+
+    def _rearm(self) -> None:
+        self._rearm_due = False
+        if not self.sock.closed:
+            self.sock.get(_EVENTS)
 
 
 def shadow_of(sock: zmq.asyncio.Socket) -> zmq.Socket:

@@ -370,18 +370,18 @@ class Supervisor:
             self._watchers_of(name)
 
         async def all_ready():
+            # Every start wave first (a node's watcher exists only once its wave started),
+            # then every current incarnation of the nodes asked about (swaps, restarts).
+            await self._started.wait()
             while True:
                 watchers = [w for n in names for w in self.watchers[n]]
-                pending = [w.current.ready.wait() for w in watchers
-                           if w.current is not None and not w.current.ready.is_set()]
-                if watchers and not pending and all(w.current for w in watchers):
-                    return
-                if pending:
-                    await asyncio.gather(*pending)
-                elif self._started.is_set():
+                if not watchers or any(w.current is None for w in watchers):
                     raise RunFailed(f"{', '.join(names)} did not start (see status)")
-                else:  # watchers not created yet: the start waves are still running
-                    await self._started.wait()
+                pending = [w.current.ready.wait() for w in watchers
+                           if not w.current.ready.is_set()]
+                if not pending:
+                    return
+                await asyncio.gather(*pending)
 
         await asyncio.wait_for(all_ready(), timeout)
         return {"ready": names}
