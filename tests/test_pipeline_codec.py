@@ -106,8 +106,19 @@ def _tensor_bytes(tensor: torch.Tensor) -> bytes:
     return tensor.numpy().tobytes()
 
 
-def roundtrip(msg, copy_frames: bool):
-    frames = codec.encode(msg, "tester.0", 7)
+@contextlib.contextmanager
+def inline_max(nbytes: int):
+    """Arrays below ``nbytes`` travel inside the envelope; 0 sends every array as a frame."""
+    saved, codec.INLINE_MAX = codec.INLINE_MAX, nbytes
+    try:
+        yield
+    finally:
+        codec.INLINE_MAX = saved
+
+
+def roundtrip(msg, copy_frames: bool, framed: bool = False):
+    with inline_max(0 if framed else codec.INLINE_MAX):
+        frames = codec.encode(msg, "tester.0", 7)
     if copy_frames:  # what a receiver gets off a socket: independent bytes
         frames = [bytes(memoryview(f).cast("B")) if not isinstance(f, bytes) else f
                   for f in frames]
@@ -118,28 +129,31 @@ def roundtrip(msg, copy_frames: bool):
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(origin=st.integers(-(2**63), 2**63 - 1), data=nests, copy_frames=st.booleans())
-def test_record_roundtrip_is_exact(origin, data, copy_frames):
-    envelope = roundtrip(Record(origin=origin, data=data), copy_frames)
+@given(origin=st.integers(-(2**63), 2**63 - 1), data=nests, copy_frames=st.booleans(),
+       framed=st.booleans())
+def test_record_roundtrip_is_exact(origin, data, copy_frames, framed):
+    envelope = roundtrip(Record(origin=origin, data=data), copy_frames, framed)
     assert envelope.kind == "record" and envelope.sender == "tester.0" and envelope.seq == 7
     assert isinstance(envelope.sent_at, float)
     assert envelope.message.origin == origin
     assert_same(data, envelope.message.data)
 
 
+@pytest.mark.parametrize("framed", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(), (0,), (3, 0), (5,), (2, 3, 4)])
-def test_every_dtype_and_shape_roundtrips(dtype, shape):
+def test_every_dtype_and_shape_roundtrips(dtype, shape, framed):
     arr = np.asarray(np.arange(int(np.prod(shape))).reshape(shape) % 3).astype(dtype)
     tensor = torch.from_numpy(arr.copy())
     data = {"np": arr, "torch": tensor, "pair": (arr, [tensor])}
-    assert_same(data, roundtrip(Record(1, data), copy_frames=True).message.data)
+    assert_same(data, roundtrip(Record(1, data), copy_frames=True, framed=framed).message.data)
 
 
-def test_bfloat16_and_scalar_tensors_roundtrip():
+@pytest.mark.parametrize("framed", [False, True])
+def test_bfloat16_and_scalar_tensors_roundtrip(framed):
     data = (torch.tensor(1.5, dtype=torch.bfloat16), torch.zeros(0, 2, dtype=torch.bfloat16),
             torch.randn(3, 4).to(torch.bfloat16).t(), torch.tensor(3), np.float32(2.5))
-    got = roundtrip(Record(0, data), copy_frames=True).message.data
+    got = roundtrip(Record(0, data), copy_frames=True, framed=framed).message.data
     assert_same(data[:4], got[:4])
     assert got[4] == 2.5 and isinstance(got[4], float)  # numpy scalars travel as Python numbers
 
@@ -162,10 +176,18 @@ def test_unsendable_payloads_fail_on_encode():
 
 def test_large_numpy_array_is_not_copied_on_encode():
     big = np.arange(1 << 20, dtype=np.float64)  # 8 MiB
-    frames = codec.encode(Record(1, {"x": big, "y": (big[:10],)}))
+    frames = codec.encode(Record(1, {"x": big, "y": (big[:codec.INLINE_MAX // 8],)}))
     assert len(frames) == 3
     assert np.shares_memory(frames[1], big)
     assert np.shares_memory(frames[2], big)
+
+
+def test_small_arrays_travel_inside_the_envelope():
+    small = np.arange(codec.INLINE_MAX // 8 - 1, dtype=np.float64)  # just below the limit
+    data = {"np": small, "torch": torch.from_numpy(small)[::3], "big": np.zeros(codec.INLINE_MAX)}
+    frames = codec.encode(Record(1, data))
+    assert len(frames) == 2  # envelope + the one large array
+    assert_same(data, codec.decode(frames).message.data)
 
 
 def test_large_torch_tensor_is_not_copied_on_encode():
@@ -196,12 +218,22 @@ def _array_ext(index=0, dtype="<i8", shape=(1,), is_torch=False):
     return msgpack.ExtType(1, msgpack.packb([index, dtype, list(shape), is_torch]))
 
 
+def _inline_ext(dtype="<i8", shape=(1,), is_torch=False, data=b"\0" * 8):
+    meta = msgpack.packb([dtype, list(shape), is_torch])
+    return msgpack.ExtType(3, struct.pack("<H", len(meta)) + meta + data)
+
+
 def _record_with(descriptor, *buffers) -> list:
     return [msgpack.packb(_envelope(p={"origin": 1, "data": descriptor})), *buffers]
 
 
 def _valid_frames() -> list:
-    data = {"a": np.arange(6, dtype=np.int32).reshape(2, 3), "b": (torch.ones(2), [1, "x"])}
+    """Two arrays in frames of their own, two inside the envelope."""
+    n = codec.INLINE_MAX // 8 + 3
+    data = {"a": np.arange(2 * n, dtype=np.int32).reshape(2, n),
+            "b": (torch.ones(codec.INLINE_MAX // 4), [1, "x"]),
+            "c": np.arange(6, dtype=np.int16).reshape(3, 2),
+            "d": torch.ones(2, dtype=torch.bfloat16)}
     return [bytes(memoryview(f).cast("B")) for f in codec.encode(Record(5, data), "s", 3)]
 
 
@@ -353,6 +385,27 @@ def test_bad_array_descriptors_are_protocol_errors(descriptor):
     assert_protocol_error(_record_with(descriptor, b"\0" * 8))
 
 
+@pytest.mark.parametrize("descriptor", [
+    _inline_ext("<i8", (2,)),  # bytes too short
+    _inline_ext("<i8", (1,), data=b"\0" * 9),  # too long
+    _inline_ext("<i8", (-1,)),
+    _inline_ext("<i8", (2**62, 4)),
+    _inline_ext("<i8", ("1",)),
+    _inline_ext("<i8", (1,), is_torch="yes"),
+    _inline_ext("bf16", (4,), is_torch=False, data=b"\0" * 8),
+    _inline_ext("|O", (1,)),
+    _inline_ext("foo", (1,)),
+    _inline_ext(None, (1,)),
+    msgpack.ExtType(3, b""),
+    msgpack.ExtType(3, b"\x05"),
+    msgpack.ExtType(3, b"\xff\xff\x93"),  # descriptor length past the end
+    msgpack.ExtType(3, b"\x02\x00\x92\xa3"),  # truncated descriptor
+    msgpack.ExtType(3, b"\x03\x00" + msgpack.packb([0, "<i8"])),  # too few fields
+])
+def test_bad_inline_arrays_are_protocol_errors(descriptor):
+    assert_protocol_error(_record_with(descriptor))
+
+
 def test_the_same_buffer_cannot_back_two_arrays():
     data = [_array_ext(0, "<i8", (1,)), _array_ext(0, "<i8", (1,))]
     assert_protocol_error(_record_with(data, b"\0" * 8), "reused")
@@ -396,7 +449,8 @@ async def _malformed_over_the_wire(tmp_path) -> None:
         routing_id, *join = await raw.recv_multipart()
         assert isinstance(codec.decode(join).message, Join)
 
-        good = codec.encode(Record(1, np.arange(4)), "source.0~0", 1)
+        big = np.arange(codec.INLINE_MAX)  # large enough to travel in a frame of its own
+        good = codec.encode(Record(1, big), "source.0~0", 1)
         garbage = [
             [b"\x00\xff garbage"],  # undecodable envelope
             [msgpack.packb(_envelope(k="no.such.kind"))],
@@ -412,7 +466,7 @@ async def _malformed_over_the_wire(tmp_path) -> None:
 
         envelope = await sub.recv()  # the subscriber survived the garbage
         assert envelope.message.origin == 1
-        np.testing.assert_array_equal(envelope.message.data, np.arange(4))
+        np.testing.assert_array_equal(envelope.message.data, big)
         assert sub.stats.malformed == len(garbage)
         assert sub.stats.gaps == 0 and sub.stats.received == 1
 
