@@ -98,9 +98,13 @@ class DqnAlgorithm(RLAlgorithm):
         q_all = self.q_network(obs).view(B, T, -1)
         q = q_all.gather(-1, exp.action.unsqueeze(-1)).squeeze(-1)
         with torch.no_grad():
-            q_target_all = self.target_q_network(obs).view(B, T, -1)
-            a_star = (q_all if self.double_q else q_target_all).argmax(-1, keepdim=True)
-            target_value = q_target_all.gather(-1, a_star).squeeze(-1)
+            # Row 0's target value is only read on masked (LAST) rows, so the target network
+            # runs on rows 1..T-1 only.
+            q_target_next = self.target_q_network(exp.observation[:, 1:].flatten(0, 1))
+            q_target_next = q_target_next.view(B, T - 1, -1)
+            a_star = (q_all[:, 1:] if self.double_q else q_target_next).argmax(-1, keepdim=True)
+            target_next = q_target_next.gather(-1, a_star).squeeze(-1)
+            target_value = torch.cat([torch.zeros_like(target_next[:, :1]), target_next], 1)
         return AlgStep(info={"exp": exp, "q": q, "target_value": target_value})
 
     def calc_loss(self, info) -> LossInfo:
