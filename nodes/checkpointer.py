@@ -75,9 +75,9 @@ def write_checkpoint(root: str, states: dict, env_steps: int, sequence: int,
             f.flush()
             os.fsync(f.fileno())
     if previous is not None and os.path.isdir(previous):
-        for name in os.listdir(previous):
-            if name.endswith(".pt") and name[:-3] not in states:
-                os.link(os.path.join(previous, name), os.path.join(tmp, name))
+        for filename in os.listdir(previous):
+            if filename.endswith(".pt") and filename[:-3] not in states:
+                os.link(os.path.join(previous, filename), os.path.join(tmp, filename))
     with open(os.path.join(tmp, "COMPLETE"), "w") as f:
         json.dump({"env_steps": env_steps, "time": time.time(), "components": sorted(states)},
                   f)
