@@ -110,7 +110,7 @@ class ReplayStore:
         return os.path.join(self.bus.context.run_dir, self.config.storage_dir)
 
     def make_buffer(self, experience: dict) -> None:
-        spec = {k: TensorSpec(tuple(np.shape(v))[1:], torch.from_numpy(np.asarray(v)).dtype)
+        spec = {k: TensorSpec(tuple(np.shape(v))[1:], torch.from_numpy(np.array(v[:1])).dtype)
                 for k, v in experience.items()}
         if self.storage_dir is not None:
             os.makedirs(self.storage_dir, exist_ok=True)

@@ -33,9 +33,11 @@ async def run_graph(graph: Graph, run_dir: str) -> dict[str, dict]:
                for name in graph.nodes}
     watched = [t for name in graph.run.stop_when for t in by_node[name]] or list(tasks.values())
     try:
-        await asyncio.wait_for(asyncio.gather(*watched), graph.run.duration_s)
-    except TimeoutError:
-        pass
+        # Any watched node finishing ends the run (as with the supervisor); wait() does not
+        # cancel the nodes on timeout, they are stopped in order below.
+        await asyncio.wait(watched, timeout=graph.run.duration_s,
+                           return_when=asyncio.FIRST_COMPLETED if graph.run.stop_when
+                           else asyncio.ALL_COMPLETED)
     finally:
         for wave in graph.stop_order():
             for name in wave:
@@ -43,4 +45,9 @@ async def run_graph(graph: Graph, run_dir: str) -> dict[str, dict]:
                     if launch.node == name:
                         stops[launch.instance].set()
             await asyncio.gather(*(t for n in wave for t in by_node[n]), return_exceptions=True)
-    return {i: t.result() for i, t in tasks.items() if not t.exception()}
+    failed = {i: t.exception() for i, t in tasks.items()
+              if not t.cancelled() and t.exception() is not None}
+    if failed:
+        instance, error = next(iter(failed.items()))
+        raise RuntimeError(f"{instance} failed: {error}") from error
+    return {i: t.result() for i, t in tasks.items()}
