@@ -136,3 +136,36 @@ def test_status_scale_and_bad_commands(live):
     assert unknown.returncode == 2 and "unknown node 'nosuchnode'" in unknown.stderr
     assert run.cli("stop", run.run_dir).returncode == 0
     assert run.finish(60) == 0, run.stderr
+
+
+CRASH_LOOP = """
+name: crash_loop
+topics:
+  numbers: {delivery: reliable}
+nodes:
+  source:
+    kind: demo_source
+    config: {count: 0}
+    publishes: [numbers]
+  broken:
+    kind: "tests.crashing_node:run"
+    subscribes: [numbers]
+    restart: {policy: always, max_failures: 3, window_s: 60, backoff_s: 0.1}
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_crash_loop_stops_the_run_naming_the_node_and_its_log(tmp_path):
+    graph = tmp_path / "crash.yaml"
+    graph.write_text(CRASH_LOOP)
+    run_dir = tmp_path / "run"
+    result = subprocess.run([sys.executable, "run.py", "run", str(graph), "--run-dir",
+                             str(run_dir), "--quiet"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=100)
+    assert result.returncode == 1, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: node broken.0 failed 3 times"), last
+    assert "deliberate failure in broken.0" in last
+    assert str(run_dir / "logs" / "broken.0.log") in last
+    assert "Traceback" not in result.stderr
+    assert not [pid for pid in node_pids(str(run_dir)) if alive(pid)]
