@@ -58,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoint")
     r.add_argument("--run-dir", help="use this run directory instead of runs/<name>/<time>")
     r.add_argument("--quiet", action="store_true", help="no progress line")
+    r.add_argument("--in-loop", action="store_true",
+                   help="run every node as a task in this one process (debugging; no restarts)")
     r.set_defaults(func=cmd_run)
 
     for name, helptext in [("status", "show per-node state"), ("stop", "stop a run"),
@@ -132,7 +134,24 @@ def cmd_run(args) -> int:
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "graph.yaml"), "w") as f:
         yaml.safe_dump(graph.raw, f, sort_keys=False)
+    if args.in_loop:
+        return _run_in_loop(graph, run_dir)
     return _supervise(graph, run_dir, resume, quiet=args.quiet)
+
+
+def _run_in_loop(graph, run_dir: str) -> int:
+    import uvloop
+
+    from pipeline.inloop import run_graph
+
+    print(f"run directory: {run_dir} (in one process)", file=sys.stderr)
+    try:
+        summaries = uvloop.run(run_graph(graph, run_dir))
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(json.dumps(summaries, indent=1, default=str))
+    return EXIT_OK
 
 
 def _supervise(graph, run_dir: str, resume: str | None, quiet: bool) -> int:
