@@ -51,6 +51,9 @@ RELIABLE, LATEST, LOSSY = "reliable", "latest", "lossy"
 DELIVERY_CLASSES = (RELIABLE, LATEST, LOSSY)
 
 _U64 = struct.Struct("<Q")
+# A delivery is [routing id, b"D" + u64 per-connection counter + envelope, *array frames]: the
+# header rides in the envelope's frame because every frame costs a send and a receive.
+_HEAD = struct.Struct("<cQ")
 _LEAVE_ACK = b"A"
 ACK_DELAY_S = 0.002  # how long an idle subscriber may sit on credit below the batch size
 _DATA = b"D"
@@ -113,6 +116,7 @@ class ReliablePublisher:
         self.stats = TopicStats()
         self.seq = 0
         self.groups = {g: _Group(g) for g in groups}
+        self._backlogs = [g.backlog for g in self.groups.values()]  # for cheap bound checks
         self._by_id: dict[bytes, tuple[_Group, _Member]] = {}
         self.sock = bus.sockets.make(zmq.ROUTER, hwm=0, router_mandatory=1)
         self.endpoint = bind(self.sock, endpoint)
@@ -143,14 +147,10 @@ class ReliablePublisher:
         self.tap.mirror(self.topic, frames)
 
     def _full(self) -> bool:
-        hwm = self.hwm
-        return any(len(group.backlog) >= hwm for group in self.groups.values())
+        return max(map(len, self._backlogs), default=0) >= self.hwm
 
     def _update_depth(self) -> None:
-        depth = 0
-        for group in self.groups.values():
-            depth = max(depth, len(group.backlog))
-        self.stats.depth = depth
+        self.stats.depth = max(map(len, self._backlogs), default=0)
 
     def pending(self) -> int:
         return sum(g.pending() for g in self.groups.values())
@@ -173,15 +173,17 @@ class ReliablePublisher:
         backlog = group.backlog
         if not backlog:
             return
-        send, pack = self._out.send, _U64.pack
+        send, pack = self._out.send, _HEAD.pack
         members = [m for m in group.members.values() if m.credit > 0 and not m.leaving]
         while backlog and members:
             member = members[next(group.rotation) % len(members)] if len(members) > 1 \
                 else members[0]
             frames = backlog.popleft()
             member.delivered += 1
+            head = pack(_DATA, member.delivered) + frames[0]
             try:
-                send([member.routing_id, _DATA + pack(member.delivered), *frames])
+                send([member.routing_id, head, *frames[1:]] if len(frames) > 1
+                     else [member.routing_id, head])
             except zmq.ZMQError:  # peer vanished between notify and send: treat as gone
                 backlog.appendleft(frames)
                 self._drop_member(member.routing_id)
@@ -226,7 +228,10 @@ class ReliablePublisher:
         if isinstance(msg, Join):
             if member is not None:  # a re-join on the same connection replaces the member
                 self._drop_member(routing_id)
-            group = self.groups.setdefault(msg.group, _Group(msg.group))
+            group = self.groups.get(msg.group)
+            if group is None:  # a group the graph did not declare
+                group = self.groups[msg.group] = _Group(msg.group)
+                self._backlogs.append(group.backlog)
             member = _Member(routing_id, msg.instance, msg.credit)
             group.members[routing_id] = member
             self._by_id[routing_id] = (group, member)
@@ -309,7 +314,8 @@ class _Connection:
     async def _read(self) -> None:
         shadow = shadow_of(self.sock)
         while True:
-            for frames in await recv_batch(self.sock, shadow):
+            # Only the head frame is small: the rest are large arrays, best left uncopied.
+            for frames in await recv_batch(self.sock, shadow, copy_first=1):
                 self._on_frames(frames)
             self.sub._wake()
 
@@ -320,7 +326,7 @@ class _Connection:
             if head[1:] == _LEAVE_ACK:
                 self.left = True
             return
-        if head[:1] != _DATA or len(head) != 1 + _U64.size or len(frames) < 2:
+        if head[:1] != _DATA or len(head) < _HEAD.size:
             sub.stats.malformed += 1
             log.warning("%s: dropped badly framed message on %s", sub.bus.instance, sub.topic)
             self.ack(1)  # it took a credit: give it back so the publisher is not starved
@@ -333,7 +339,8 @@ class _Connection:
         self.expected = delivery + 1
         self.unacked += 1
         try:
-            envelope = codec.decode(frames[1:])
+            envelope = codec.decode([head, *frames[1:]] if len(frames) > 1 else [head],
+                                    _HEAD.size)
         except codec.ProtocolError as exc:
             sub.stats.malformed += 1
             log.warning("%s: dropped malformed message on %s: %s", sub.bus.instance,

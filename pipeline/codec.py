@@ -43,6 +43,8 @@ _EXT_INLINE = 3  # u16 descriptor length, msgpack (dtype, shape, is_torch), the 
 _ALLOWED_KINDS = frozenset("biuf")
 _BF16 = "bf16"
 _U16 = struct.Struct("<H")
+# msgpack.ExtType's __new__ re-checks its arguments in Python on every array; ours are right.
+_ext = functools.partial(tuple.__new__, msgpack.ExtType)
 _ENVELOPE_KEYS = frozenset("ksntvp")
 # Arrays below this many bytes travel inside the envelope. Read at every encode, so tests can
 # force either path.
@@ -113,14 +115,14 @@ class _Encoder(threading.local):
                 meta = self.meta.pack(key)
                 head = self.inline_heads[key] = _U16.pack(len(meta)) + meta
             # tobytes() is C order for any layout, so strides need no special case.
-            return msgpack.ExtType(_EXT_INLINE, head + arr.tobytes())
+            return _ext((_EXT_INLINE, head + arr.tobytes()))
         if not arr.flags.c_contiguous:  # np.ascontiguousarray would turn 0-d into 1-d
             arr = arr.copy(order="C")
         index = len(self.buffers)
         # A 0-d or empty array still gets a frame so frame indices stay simple.
         self.buffers.append(arr.reshape(-1).view(np.uint8) if arr.size else b"")
         meta = (index, dtype_tag or arr.dtype.str, arr.shape, is_torch)
-        return msgpack.ExtType(_EXT_ARRAY, self.meta.pack(meta))
+        return _ext((_EXT_ARRAY, self.meta.pack(meta)))
 
 
 _encoder = _Encoder()
@@ -203,18 +205,20 @@ class _Decoder(threading.local):
                 self.inline_specs.clear()
             self.inline_specs[head] = spec
         dtype, shape, bf16, count, is_torch = spec
-        _check_length(len(data) - start, shape, dtype, count)
-        return _as_array(np.frombuffer(data, dtype=dtype, count=count, offset=start), shape,
-                         is_torch, bf16)
+        if len(data) - start != count * dtype.itemsize:
+            _check_length(len(data) - start, shape, dtype, count)
+        arr = np.frombuffer(data, dtype=dtype, count=count, offset=start).reshape(shape)
+        return _as_tensor(arr, bf16) if is_torch else arr
 
 
 _decoder = _Decoder()
 
 
-def decode(frames: list) -> Envelope:
+def decode(frames: list, offset: int = 0) -> Envelope:
     """Parse ``[envelope, *buffers]`` into an :class:`Envelope`; raise ProtocolError if bad.
 
     Frames may be ``bytes`` or ``zmq.Frame`` (received with ``copy=False``) or any buffer.
+    The envelope starts ``offset`` bytes into the first frame (after a transport header).
     """
     if not frames:
         raise ProtocolError("empty message")
@@ -223,7 +227,7 @@ def decode(frames: list) -> Envelope:
     dec.used = used = set()
     dec.depth = 0
     try:
-        envelope = dec.unpack(views[0])
+        envelope = dec.unpack(memoryview(views[0])[offset:] if offset else views[0])
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack raises a zoo of types on garbage
@@ -318,13 +322,11 @@ def _decode_array(data, views, used):
     used.add(index)
     buffer = views[index + 1]
     _check_length(len(buffer), shape, dtype, count)
-    return _as_array(np.frombuffer(buffer, dtype=dtype, count=count), shape, is_torch, bf16)
+    arr = np.frombuffer(buffer, dtype=dtype, count=count).reshape(shape)
+    return _as_tensor(arr, bf16) if is_torch else arr
 
 
-def _as_array(flat: np.ndarray, shape: tuple, is_torch: bool, bf16: bool):
-    arr = flat.reshape(shape)
-    if not is_torch:
-        return arr
+def _as_tensor(arr: np.ndarray, bf16: bool):
     import torch  # only processes that receive tensors pay for importing torch
 
     tensor = torch.from_numpy(arr)

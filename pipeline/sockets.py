@@ -139,10 +139,13 @@ class Sender:
         self._rearm_due = False
 
     def send(self, frames: list) -> None:
+        """Send one message. ``bytes`` frames (routing ids, envelopes) are copied; other
+        buffers (array frames) are sent in place when they reach the copy threshold."""
         shadow = self.shadow
-        last = len(frames) - 1
-        for i, frame in enumerate(frames):
-            _send_frame(shadow, frame, _NOBLOCK if i == last else _SNDMORE_NOBLOCK, False)
+        for frame in frames[:-1]:
+            _send_frame(shadow, frame, _SNDMORE_NOBLOCK, type(frame) is bytes)
+        frame = frames[-1]
+        _send_frame(shadow, frame, _NOBLOCK, type(frame) is bytes)
         if not self._rearm_due:
             self._rearm_due = True
             try:

@@ -433,9 +433,13 @@ def test_deep_tuple_nesting_is_a_protocol_error_not_a_crash():
 U64 = struct.Struct("<Q")
 
 
+def _delivery(routing_id: bytes, counter: int, frames: list) -> list:
+    return [routing_id, b"D" + U64.pack(counter) + bytes(frames[0]), *frames[1:]]
+
+
 async def _malformed_over_the_wire(tmp_path) -> None:
     """A raw ROUTER plays the publisher (protocol in pipeline.bus): deliveries are
-    ``[routing id, b"D" + u64 delivery counter, envelope, *buffers]``."""
+    ``[routing id, b"D" + u64 delivery counter + envelope, *buffers]``."""
     ctx = zmq.asyncio.Context()
     raw = ctx.socket(zmq.ROUTER)
     raw.linger = 0
@@ -460,9 +464,9 @@ async def _malformed_over_the_wire(tmp_path) -> None:
         delivery = 0
         for frames in garbage:
             delivery += 1
-            await raw.send_multipart([routing_id, b"D" + U64.pack(delivery), *frames])
+            await raw.send_multipart(_delivery(routing_id, delivery, frames))
         delivery += 1
-        await raw.send_multipart([routing_id, b"D" + U64.pack(delivery), *good])
+        await raw.send_multipart(_delivery(routing_id, delivery, good))
 
         envelope = await sub.recv()  # the subscriber survived the garbage
         assert envelope.message.origin == 1
@@ -481,8 +485,8 @@ async def _malformed_over_the_wire(tmp_path) -> None:
 
         # ... and it keeps working afterwards.
         delivery += 1
-        await raw.send_multipart([routing_id, b"D" + U64.pack(delivery),
-                                  *codec.encode(Record(2, (1, [2.5])), "source.0~0", 2)])
+        await raw.send_multipart(
+            _delivery(routing_id, delivery, codec.encode(Record(2, (1, [2.5])), "source.0~0", 2)))
         envelope = await sub.recv()
         assert envelope.message.origin == 2 and envelope.message.data == (1, [2.5])
         assert sub.stats.malformed == len(garbage) and sub.stats.gaps == 0
@@ -511,11 +515,12 @@ async def _bad_framing_over_the_wire(tmp_path) -> None:
         routing_id, *_ = await raw.recv_multipart()
         await raw.send_multipart([routing_id, b"D"])  # no delivery counter at all
         await raw.send_multipart([routing_id, b"D\x01", *codec.encode(Record(0, None))])  # short counter
-        good = codec.encode(Record(1, None), "source.0~0", 1)
-        await raw.send_multipart([routing_id, b"D" + U64.pack(1), *good])
+        await raw.send_multipart([routing_id, b"D" + U64.pack(1)])  # counter, no envelope
+        good = codec.encode(Record(1, None), "source.0~0", 2)
+        await raw.send_multipart(_delivery(routing_id, 2, good))
         envelope = await asyncio.wait_for(sub.recv(), 2)
         assert envelope.message.origin == 1
-        assert sub.stats.malformed == 2
+        assert sub.stats.malformed == 3 and sub.stats.gaps == 0
     finally:
         bus.close()
         raw.close(linger=0)
