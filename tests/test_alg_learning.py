@@ -40,6 +40,6 @@ def test_ci_learning(key):
 @pytest.mark.parametrize("key", sorted(PRESETS))
 def test_learning_median_of_three_seeds(key):
     p = PRESETS[key]
-    results = [run_preset(p, seed, stop_at_threshold=False) for seed in range(3)]
+    results = [run_preset(p, seed) for seed in range(3)]
     best = [r.best_return for r in results]
     assert statistics.median(best) >= p.threshold, (key, best)
