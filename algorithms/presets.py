@@ -52,7 +52,7 @@ PRESETS: dict[str, Preset] = {
                      replay_buffer_length=20_000, eval_interval=1000)),
     "sac-CartPole-v1": Preset(
         "sac", "CartPole-v1", 50_000, 450.0,
-        algorithm=dict(actor_fc_layer_params=(128, 128), critic_fc_layer_params=(128, 128),
+        algorithm=dict(actor_fc_layer_params=(256, 256), critic_fc_layer_params=(256, 256),
                        actor_learning_rate=1e-3, critic_learning_rate=1e-3,
                        alpha_learning_rate=1e-3, gamma=0.99, target_update_tau=0.05,
                        mini_batch_length=3, td_lambda=0.95, target_entropy_scale=0.3,
