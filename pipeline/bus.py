@@ -87,6 +87,15 @@ class TopicStats:
 # --- reliable ----------------------------------------------------------------------------------
 
 
+class _Msg:
+    """One published message: its frames, and how many groups still have to acknowledge it."""
+
+    __slots__ = ("seq", "frames", "remaining")
+
+    def __init__(self, seq: int, frames: list, remaining: int):
+        self.seq, self.frames, self.remaining = seq, frames, remaining
+
+
 @dataclass
 class _Member:
     routing_id: bytes
@@ -123,6 +132,10 @@ class ReliablePublisher:
         self._out = Sender(self.sock, copy_threshold=ZERO_COPY_MIN)  # every send on sock
         self._space = asyncio.Event()
         self._drained = asyncio.Event()
+        # Messages not yet acknowledged by every group, in order; everything up to
+        # ``completed_through`` was. Subscribers of this node wait on it (see Bus.watermark).
+        self._unfinished: collections.deque = collections.deque()
+        self.completed_through = 0
         self.tap = _Tap(bus, endpoint + ".tap")
         self._task = asyncio.ensure_future(self._serve())
 
@@ -135,9 +148,14 @@ class ReliablePublisher:
             self.stats.wait_s += time.perf_counter() - started
         self.seq += 1
         frames = codec.encode(msg, self.bus.instance, self.seq)
+        record = _Msg(self.seq, frames, len(self.groups))
+        if self.groups:
+            self._unfinished.append(record)
+        else:
+            self.completed_through = self.seq
         for group in self.groups.values():
             backlog = group.backlog
-            backlog.append(frames)
+            backlog.append(record)
             # Pumps run on every change of credit or membership and stop only when the backlog
             # is empty or no member has credit: a backlog that was not empty has nobody to go to.
             if len(backlog) == 1:
@@ -178,18 +196,19 @@ class ReliablePublisher:
         while backlog and members:
             member = members[next(group.rotation) % len(members)] if len(members) > 1 \
                 else members[0]
-            frames = backlog.popleft()
+            record = backlog.popleft()
+            frames = record.frames
             member.delivered += 1
             head = pack(_DATA, member.delivered) + frames[0]
             try:
                 send([member.routing_id, head, *frames[1:]] if len(frames) > 1
                      else [member.routing_id, head])
             except zmq.ZMQError:  # peer vanished between notify and send: treat as gone
-                backlog.appendleft(frames)
+                backlog.appendleft(record)
                 self._drop_member(member.routing_id)
                 members = [m for m in group.members.values() if m.credit > 0 and not m.leaving]
                 continue
-            member.inflight.append(frames)
+            member.inflight.append(record)
             member.credit -= 1
             if member.credit == 0:
                 members.remove(member)
@@ -243,8 +262,9 @@ class ReliablePublisher:
                         type(msg).__name__, self.topic)
         elif isinstance(msg, Credit):
             for _ in range(min(msg.acked, len(member.inflight))):
-                member.inflight.popleft()
+                member.inflight.popleft().remaining -= 1
             member.credit += msg.acked
+            self._advance()
             self._pump(group)
             self._notify_progress()
         elif isinstance(msg, Leave):
@@ -265,6 +285,13 @@ class ReliablePublisher:
                         self.bus.instance, member.instance, self.topic, len(member.inflight))
         self._pump(group)
         self._notify_progress()
+
+    def _advance(self) -> None:
+        unfinished = self._unfinished
+        if unfinished and unfinished[0].remaining <= 0:
+            while unfinished and unfinished[0].remaining <= 0:
+                self.completed_through = unfinished.popleft().seq
+            self.bus.on_output_acknowledged()
 
     def _notify_progress(self) -> None:
         if not self._full():
@@ -371,6 +398,9 @@ class ReliableSubscriber:
         self._event = asyncio.Event()
         self._last: _Connection | None = None
         self._to_ack: set[_Connection] = set()  # connections with handled messages
+        # Handled messages whose outputs are not yet acknowledged downstream:
+        # (connection, watermark) in order; see Bus.watermark.
+        self._waiting: collections.deque = collections.deque()
         self._ack_batch = max(1, window // 4)
         self._ack_timer: asyncio.TimerHandle | None = None
         self.leaving = False
@@ -395,8 +425,15 @@ class ReliableSubscriber:
         conn = self._last
         if conn is not None:
             self._last = None
-            conn.handled += 1
-            self._to_ack.add(conn)
+            watermark = self.bus.watermark()
+            if watermark or self._waiting:
+                # End to end: what this node published while handling the message must be
+                # acknowledged downstream before the message is, or a crash here would lose it.
+                self._waiting.append((conn, watermark))
+                conn = self._release()
+            else:
+                conn.handled += 1
+                self._to_ack.add(conn)
         if threshold is None:  # only the last connection's count moved
             if conn is not None and conn.handled >= self._ack_batch:
                 self._to_ack.discard(conn)
@@ -405,6 +442,26 @@ class ReliableSubscriber:
         for conn in [c for c in self._to_ack if c.handled >= threshold]:
             self._to_ack.discard(conn)
             conn.ack_handled()
+
+    def _release(self):
+        """Count the waiting messages whose outputs are now acknowledged; return the last
+        connection that got one (for the batch check), or None."""
+        waiting, conn = self._waiting, None
+        while waiting and all(pub.completed_through >= seq for pub, seq in waiting[0][1]):
+            conn = waiting.popleft()[0]
+            conn.handled += 1
+            self._to_ack.add(conn)
+        return conn
+
+    def on_output_acknowledged(self) -> None:
+        if self._waiting and self._release() is not None:
+            self._ack_previous(threshold=self._ack_batch)
+            self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if self._to_ack and self._ack_timer is None:
+            self._ack_timer = asyncio.get_running_loop().call_later(ACK_DELAY_S,
+                                                                    self._flush_acks)
 
     def _flush_acks(self) -> None:
         self._ack_timer = None
@@ -417,9 +474,7 @@ class ReliableSubscriber:
                 self._ack_previous(threshold=1)
                 if all(c.left for c in self.connections.values()):
                     return None
-            if self._to_ack and self._ack_timer is None:
-                self._ack_timer = asyncio.get_running_loop().call_later(
-                    ACK_DELAY_S, self._flush_acks)
+            self._schedule_flush()
             self._event.clear()
             await self._event.wait()
         conn, envelope = self._queue.popleft()
@@ -843,6 +898,18 @@ class Bus:
             client.set_endpoints(self._peers["services"].get(service, []))
             self.clients[service] = client
         return self.clients[service]
+
+    def watermark(self) -> tuple:
+        """``(publisher, seq)`` for every reliable publisher of this node with messages not
+        yet acknowledged by all its consumers: an input handled now may be acknowledged only
+        once each of those publishers completed through ``seq``."""
+        return tuple((pub, pub.seq) for pub in self.publishers.values()
+                     if isinstance(pub, ReliablePublisher) and pub.completed_through < pub.seq)
+
+    def on_output_acknowledged(self) -> None:
+        for sub in self.subscribers.values():
+            if isinstance(sub, ReliableSubscriber):
+                sub.on_output_acknowledged()
 
     def publishes(self, name: str) -> bool:
         """Whether the graph has this node publish the topic (or serve the service) ``name``."""

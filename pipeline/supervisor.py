@@ -82,38 +82,62 @@ class Watcher:
         self.restarts = 0
         self.stopping = False
         self.task: asyncio.Task | None = None
-        self.done = asyncio.Event()
+        self.done = asyncio.Event()  # the watcher stopped watching (finished, gave up, stopped)
+        self.became_ready = asyncio.Event()  # some incarnation said ready
 
     @property
     def spec(self):
         return self.sup.graph.nodes[self.node]
 
     async def start(self) -> Incarnation:
-        """Launch one incarnation and wait until it is ready (or exits)."""
-        inc = await self.sup.launch(self)
-        self.current = inc
+        """Launch the replica and wait until an incarnation is ready.
+
+        A node that fails while starting is restarted by its policy like any other failure;
+        this returns once one incarnation said ready, and raises RunFailed if the watcher gave
+        up (crash loop, policy ``never``) or nothing was ready within ``ready_timeout_s``."""
+        self.current = await self.sup.launch(self)
         self.state = "starting"
-        self.task = asyncio.ensure_future(self._watch(inc))
-        await self.sup.wait_ready(inc)
-        self.state = "running"
-        return inc
+        self.task = asyncio.ensure_future(self._watch(self.current))
+        ready = asyncio.ensure_future(self.became_ready.wait())
+        gave_up = asyncio.ensure_future(self.done.wait())
+        try:
+            await asyncio.wait({ready, gave_up}, timeout=self.sup.graph.run.ready_timeout_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+            gave_up.cancel()
+        if self.became_ready.is_set() or self.state == "finished":
+            return self.current
+        if self.done.is_set():
+            raise RunFailed(self.sup.failure or f"node {self.instance} could not start; see "
+                            f"{self.sup.log_path(self)}")
+        raise RunFailed(f"node {self.instance} was not ready after "
+                        f"{self.sup.graph.run.ready_timeout_s:.0f}s; see "
+                        f"{self.sup.log_path(self)}")
 
     async def _watch(self, inc: Incarnation) -> None:
         policy = self.spec.restart
         while True:
-            await inc.exited.wait()
+            waits = {asyncio.ensure_future(inc.ready.wait()),
+                     asyncio.ensure_future(inc.exited.wait())}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
+            if inc.ready.is_set() and not inc.exited.is_set():
+                self.state = "running"
+                self.became_ready.set()
+                await inc.exited.wait()
             if self.stopping or self.sup.stopping:
                 break
             failed = not inc.finished or inc.returncode != 0
-            if inc.finished and inc.returncode == 0:
+            if not failed:
                 self.state = "finished"
                 break
-            if policy.policy == "never" or (policy.policy == "on-failure" and not failed):
-                self.state = "failed" if failed else "finished"
-                if failed:
-                    self.sup.fail(f"node {self.instance} exited with code {inc.returncode}"
-                                  f"{': ' + inc.failure if inc.failure else ''} and its restart "
-                                  f"policy is {policy.policy!r}; see {self.sup.log_path(self)}")
+            if policy.policy == "never":
+                self.state = "failed"
+                self.sup.fail(f"node {self.instance} exited with code {inc.returncode}"
+                              f"{': ' + inc.failure if inc.failure else ''} and its restart "
+                              f"policy is 'never'; see {self.sup.log_path(self)}")
                 break
             now = time.monotonic()
             self.failures = [t for t in self.failures if now - t <= policy.window_s] + [now]
@@ -134,9 +158,6 @@ class Watcher:
             self.current = inc
             self.state = "starting"
             self.sup.publish_event(self, "restarted", f"attempt {self.restarts}")
-            with contextlib.suppress(RunFailed, TimeoutError):
-                await self.sup.wait_ready(inc)
-                self.state = "running"
         self.done.set()
 
     async def stop(self, reason: str) -> None:
@@ -224,25 +245,6 @@ class Supervisor:
         detail = f"code {inc.returncode}" + (f": {inc.failure}" if inc.failure else "")
         self.publish_event(watcher, "exited", detail)
         self.broadcast_peers()
-
-    async def wait_ready(self, inc: Incarnation) -> None:
-        ready = asyncio.ensure_future(inc.ready.wait())
-        exited = asyncio.ensure_future(inc.exited.wait())
-        try:
-            done, _ = await asyncio.wait({ready, exited}, timeout=self.graph.run.ready_timeout_s,
-                                         return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            ready.cancel()
-            exited.cancel()
-        if not inc.ready.is_set():
-            if inc.exited.is_set() and inc.finished and inc.returncode == 0:
-                return  # finished before saying ready: nothing to wait for
-            what = (f"exited with code {inc.returncode}" + (f": {inc.failure}" if inc.failure
-                                                            else "")
-                    if inc.exited.is_set() else
-                    f"was not ready after {self.graph.run.ready_timeout_s:.0f}s")
-            raise RunFailed(f"node {inc.launch.instance} {what}; see "
-                            f"{os.path.join(self.run_dir, 'logs', inc.launch.instance + '.log')}")
 
     async def stop_incarnation(self, inc: Incarnation, reason: str) -> None:
         if inc.exited.is_set():
