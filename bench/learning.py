@@ -1,6 +1,7 @@
 """Time to reach a reference task's threshold: Conduit's reference trainer vs Stable-Baselines3.
 
     python bench/learning.py ALGO ENV [--seed N] [--threads N] [--no-sb3]
+    python bench/learning.py ALGO ENV --graph graphs/<graph>.yaml    # through the graph
 
 Both runs use the hyperparameters of ``algorithms.presets`` (mapped onto SB3's names), the same
 env-step budget, and the same greedy evaluation (10 episodes every ``eval_interval`` env steps,
@@ -37,6 +38,36 @@ def run_ours(p: Preset, seed: int, threads: int) -> dict:
     return {"reached": r.reached_at_steps is not None, "env_steps": r.reached_at_steps,
             "seconds": r.reached_at_seconds, "best_return": r.best_return,
             "total_env_steps": r.env_steps, "total_seconds": round(r.train_seconds, 2)}
+
+
+def run_graph(graph: str, p: Preset) -> dict:
+    """Train through the multi-process graph (``python run.py GRAPH``), stopping at the first
+    evaluation that reaches the threshold. Seconds run from the first node's start to that
+    evaluation (the evaluator works in its own process, so no time is left out)."""
+    import subprocess
+    import tempfile
+
+    root = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = str(Path(tmp) / "run")
+        cmd = [sys.executable, str(root / "run.py"), "run", graph, "--run-dir", run_dir,
+               "--quiet", "--set", f"nodes.evaluator.config.stop_at_return={p.threshold}"]
+        started = time.time()
+        code = subprocess.run(cmd, cwd=root).returncode
+        wall = time.time() - started
+        with open(Path(run_dir) / "events.jsonl") as f:
+            t0 = min(e["t"] for e in map(json.loads, f) if e["topic"].endswith(".started"))
+        with open(Path(run_dir) / "metrics.jsonl") as f:
+            evals = [m for m in map(json.loads, f) if "eval/return" in m]
+    for m in evals:
+        print(f"[graph] steps={m['env_steps']} time={m['time'] - t0:.1f}s "
+              f"eval={m['eval/return']:.1f}", flush=True)
+    hit = next((m for m in evals if m["eval/return"] >= p.threshold
+                and m["env_steps"] <= p.budget), None)
+    return {"reached": hit is not None, "env_steps": hit and hit["env_steps"],
+            "seconds": hit and round(hit["time"] - t0, 2), "exit_code": code,
+            "best_return": max((m["eval/return"] for m in evals), default=float("-inf")),
+            "total_seconds": round(wall, 2)}
 
 
 class _Sb3Policy:
@@ -164,10 +195,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-sb3", action="store_true")
+    ap.add_argument("--graph", help="train through this graph (run.py) instead of the "
+                    "single-process reference trainer")
     args = ap.parse_args(argv)
     p = get_preset(args.algo, args.env)
     print(f"task {args.algo} {args.env}: threshold {p.threshold} within {p.budget} env steps")
-    ours = run_ours(p, args.seed, args.threads)
+    ours = run_graph(args.graph, p) if args.graph else run_ours(p, args.seed, args.threads)
     print(f"conduit: reached={ours['reached']} env_steps={ours['env_steps']} "
           f"seconds={ours['seconds']} best_return={ours['best_return']:.1f}")
     sb3 = None if args.no_sb3 else run_sb3(p, args.seed, args.threads)
@@ -178,6 +211,7 @@ def main(argv=None) -> int:
     if sb3 and ours["reached"] and sb3["reached"]:
         ratio = round(ours["seconds"] / max(sb3["seconds"], 1e-9), 3)
     print(json.dumps({"algo": args.algo, "env": args.env, "seed": args.seed,
+                      "mode": "graph" if args.graph else "in-process",
                       "threshold": p.threshold, "budget": p.budget, "conduit": ours,
                       "sb3": sb3, "ratio": ratio}))
     return 0
