@@ -115,7 +115,8 @@ def test_graph_reaches_threshold(live, name, threshold, budget):
 def test_sac_pendulum_survives_kill_9(live, victim):
     run = live("sac_pendulum", "nodes.checkpointer.config.interval_s=10")
     run.wait_ready()
-    run.wait_for_message("metrics", lambda m: m.env_steps >= 6000)
+    # SAC usually reaches -200 near 4,000 steps: strike while it is still learning.
+    run.wait_for_message("metrics", lambda m: m.env_steps >= 2000, timeout_s=300)
     pid = run.command("status")["nodes"][f"{victim}.0"]["pid"]
     os.kill(pid, signal.SIGKILL)
     assert run.finish(2300) == 0, run.stderr
