@@ -214,11 +214,12 @@ class _Decoder(threading.local):
 _decoder = _Decoder()
 
 
-def decode(frames: list, offset: int = 0) -> Envelope:
+def decode(frames: list, offset: int = 0, end: int | None = None) -> Envelope:
     """Parse ``[envelope, *buffers]`` into an :class:`Envelope`; raise ProtocolError if bad.
 
     Frames may be ``bytes`` or ``zmq.Frame`` (received with ``copy=False``) or any buffer.
-    The envelope starts ``offset`` bytes into the first frame (after a transport header).
+    The envelope is bytes ``offset:end`` of the first frame (after a transport header, or one
+    of several envelopes in a batch).
     """
     if not frames:
         raise ProtocolError("empty message")
@@ -227,7 +228,8 @@ def decode(frames: list, offset: int = 0) -> Envelope:
     dec.used = used = set()
     dec.depth = 0
     try:
-        envelope = dec.unpack(memoryview(views[0])[offset:] if offset else views[0])
+        envelope = dec.unpack(memoryview(views[0])[offset:end]
+                              if offset or end is not None else views[0])
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack raises a zoo of types on garbage

@@ -1,0 +1,193 @@
+"""Batch deliveries on a reliable topic: the wire layout, order and counters, redelivery of a
+dropped member's batch, and badly formed batches on a live subscription.
+
+A batch is ``[routing id, b"B" + u64 first delivery counter + u32 count + count u32 envelope
+lengths + count u32 array-frame counts + the envelopes, *array frames]`` (see pipeline.bus)."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import numpy as np
+import pytest
+import zmq
+import zmq.asyncio
+
+from pipeline import codec
+from pipeline.bus import Bus, TopicSpec
+from pipeline.messages import Credit, Join, Record
+from pipeline.sockets import SocketFactory
+
+TOPICS = {"numbers": TopicSpec("reliable", 100)}
+BATCH_HEAD = struct.Struct("<cQI")
+
+
+def _batch(routing_id: bytes, first: int, messages: list, *, count: int | None = None,
+           lengths: list | None = None, buffer_counts: list | None = None) -> list:
+    """A batch delivery of already encoded ``messages``; the keywords forge its header."""
+    envelopes = [bytes(frames[0]) for frames in messages]
+    lengths = [len(e) for e in envelopes] if lengths is None else lengths
+    buffer_counts = [len(m) - 1 for m in messages] if buffer_counts is None else buffer_counts
+    head = (BATCH_HEAD.pack(b"B", first, len(messages) if count is None else count)
+            + struct.pack(f"<{len(lengths) + len(buffer_counts)}I", *lengths, *buffer_counts)
+            + b"".join(envelopes))
+    return [routing_id, head, *[f for frames in messages for f in frames[1:]]]
+
+
+def _parse_batch(head: bytes) -> tuple[int, int, list, list]:
+    _, first, count = BATCH_HEAD.unpack_from(head)
+    table = struct.unpack_from(f"<{2 * count}I", head, BATCH_HEAD.size)
+    return first, count, list(table[:count]), list(table[count:])
+
+
+def _record(origin: int, data=None) -> list:
+    return codec.encode(Record(origin, data), "source.0~0", origin)
+
+
+async def _bad_batches(tmp_path) -> None:
+    ctx = zmq.asyncio.Context()
+    raw = ctx.socket(zmq.ROUTER)  # plays the publisher
+    raw.linger = 0
+    endpoint = f"ipc://{tmp_path}/numbers"
+    raw.bind(endpoint)
+    bus = Bus("sink.0~0", "sink", TOPICS, {}, {}, sockets=SocketFactory(ctx))
+    try:
+        bus.set_peers({"numbers": [endpoint]}, {})
+        sub = bus.subscriber("numbers")  # window 100
+        routing_id, *join = await raw.recv_multipart()
+        assert isinstance(codec.decode(join).message, Join)
+
+        big = np.arange(codec.INLINE_MAX)  # travels in an array frame of its own
+        await raw.send_multipart([routing_id, b"B\x01\x02"])  # header cut short: 1 message
+        await raw.send_multipart(_batch(routing_id, 1, [], count=0))  # empty: 1 message
+        await raw.send_multipart(_batch(routing_id, 2, [_record(0)], count=1000))  # > window: 1
+        await raw.send_multipart(  # envelope lengths do not add up: both messages
+            _batch(routing_id, 3, [_record(0), _record(0)], lengths=[3, 4]))
+        await raw.send_multipart(  # claims an array frame that is not there: both messages
+            _batch(routing_id, 5, [_record(0), _record(0)], buffer_counts=[0, 1]))
+        # One bad envelope among good ones: only it is dropped, the others arrive.
+        await raw.send_multipart(_batch(routing_id, 7, [_record(1), [b"\xc1 junk"], _record(2)]))
+        await raw.send_multipart(_batch(routing_id, 10, [
+            _record(3), _record(4, big), _record(5), _record(6, np.ones(3)), _record(7, big)]))
+
+        first = await asyncio.wait_for(sub.recv(), 5)
+        assert first.message.origin == 1
+        malformed = 1 + 1 + 1 + 2 + 2 + 1
+        assert sub.stats.malformed == malformed and sub.stats.gaps == 0
+
+        # Every message of a bad batch took a credit, and each one comes back.
+        acked = 0
+        while acked < malformed:
+            _, *frames = await raw.recv_multipart()
+            credit = codec.decode(frames).message
+            assert isinstance(credit, Credit)
+            acked += credit.acked
+        assert acked == malformed
+
+        origins = [first.message.origin]
+        for _ in range(6):
+            envelope = await asyncio.wait_for(sub.recv(), 5)
+            origins.append(envelope.message.origin)
+            if envelope.message.origin in (4, 7):
+                np.testing.assert_array_equal(envelope.message.data, big)
+        assert origins == [1, 2, 3, 4, 5, 6, 7]
+        assert sub.stats.malformed == malformed and sub.stats.gaps == 0
+        assert sub.stats.received == 7
+
+        # ... and a single delivery after the batches still fits the counters.
+        await raw.send_multipart([routing_id, b"D" + struct.pack("<Q", 15) + _record(8)[0]])
+        assert (await asyncio.wait_for(sub.recv(), 5)).message.origin == 8
+        assert sub.stats.gaps == 0
+    finally:
+        bus.close()
+        raw.close(linger=0)
+        ctx.term()  # hangs (and times out) if any socket was left open
+
+
+@pytest.mark.timeout(60)
+def test_badly_formed_batches_are_counted_and_the_subscriber_keeps_working(tmp_path):
+    asyncio.run(asyncio.wait_for(_bad_batches(tmp_path), 30))
+
+
+async def _batch_in_order(tmp_path) -> None:
+    ctx = zmq.asyncio.Context()
+    endpoint = f"ipc://{tmp_path}/numbers"
+    topics = {"numbers": TopicSpec("reliable", 1000)}
+    pub_bus = Bus("source.0~0", "source", topics, {"numbers": endpoint}, {"numbers": ["sink"]},
+                  sockets=SocketFactory(ctx))
+    sub_bus = Bus("sink.1~0", "sink", topics, {}, {}, sockets=SocketFactory(ctx))
+    raw = ctx.socket(zmq.DEALER)  # plays a member of group sink
+    raw.linger = 0
+    try:
+        pub = pub_bus.publisher("numbers")
+        big = np.arange(codec.INLINE_MAX)
+        count = 300  # more than one batch, queued before anyone joins
+        for i in range(1, count + 1):
+            await pub.send(Record(i, big if i % 7 == 0 else np.full(3, i)))
+
+        raw.connect(pub.endpoint)
+        await raw.send_multipart(codec.encode(Join("numbers", "sink", "sink.0~0", 40)))
+        routing_frames = await asyncio.wait_for(raw.recv_multipart(copy=False), 5)
+        head, arrays = routing_frames[0].bytes, routing_frames[1:]
+        assert head[:1] == b"B"  # 40 credits, 300 waiting: one delivery of 40 messages
+        first, n, lengths, buffer_counts = _parse_batch(head)
+        assert (first, n) == (1, 40) and len(arrays) == sum(buffer_counts) == 40 // 7
+        assert sum(lengths) == len(head) - BATCH_HEAD.size - 8 * n
+
+        # The member vanishes with the batch unacknowledged: every message goes back, in order.
+        pub.drop_instances({"sink.0~0"})
+        assert pub.stats.redelivered == 40
+
+        sub_bus.set_peers({"numbers": [pub.endpoint]}, {})
+        sub = sub_bus.subscriber("numbers")
+        for i in range(1, count + 1):
+            envelope = await asyncio.wait_for(sub.recv(), 5)
+            assert envelope.message.origin == i
+            expected = big if i % 7 == 0 else np.full(3, i)
+            np.testing.assert_array_equal(envelope.message.data, expected)
+        assert sub.stats.gaps == 0 and sub.stats.malformed == 0
+
+        # An idle topic: a single message goes out at once, as a plain delivery.
+        leftover = sub.connections[pub.endpoint]
+        await pub.send(Record(count + 1, None))
+        envelope = await asyncio.wait_for(sub.recv(), 5)
+        assert envelope.message.origin == count + 1 and leftover.expected == count + 2
+    finally:
+        pub_bus.close()
+        sub_bus.close()
+        raw.close(linger=0)
+        ctx.term()
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_arrives_in_order_without_gaps_and_is_redelivered_whole(tmp_path):
+    asyncio.run(asyncio.wait_for(_batch_in_order(tmp_path), 30))
+
+
+async def _single_when_idle(tmp_path) -> None:
+    ctx = zmq.asyncio.Context()
+    endpoint = f"ipc://{tmp_path}/numbers"
+    pub_bus = Bus("source.0~0", "source", TOPICS, {"numbers": endpoint}, {"numbers": ["sink"]},
+                  sockets=SocketFactory(ctx))
+    raw = ctx.socket(zmq.DEALER)
+    raw.linger = 0
+    try:
+        pub = pub_bus.publisher("numbers")
+        raw.connect(pub.endpoint)
+        await raw.send_multipart(codec.encode(Join("numbers", "sink", "sink.0~0", 10)))
+        # No timer, no waiting for company: one message is one plain delivery, sent as soon as
+        # the member has joined (at once if it already had, else when the Join is read).
+        await pub.send(Record(1, None))
+        frames = await asyncio.wait_for(raw.recv_multipart(), 5)
+        assert frames[0][:1] == b"D" and struct.unpack_from("<Q", frames[0], 1)[0] == 1
+        assert codec.decode(frames, 9).message.origin == 1
+    finally:
+        pub_bus.close()
+        raw.close(linger=0)
+        ctx.term()
+
+
+@pytest.mark.timeout(60)
+def test_a_single_message_on_an_idle_topic_goes_out_at_once(tmp_path):
+    asyncio.run(asyncio.wait_for(_single_when_idle(tmp_path), 30))
