@@ -1,6 +1,6 @@
 """Environment steps per second through the graph vs one process stepping the same envs.
 
-    python bench/pipeline_throughput.py [--envs-per-runner 8] [--seconds 10]
+    python bench/pipeline_throughput.py [--envs-per-runner 64] [--seconds 10]
 
 For 1, 2 and 4 env runners (each with ``--envs-per-runner`` CartPole-v1 environments), runs the
 real multi-process graph env_runner x N -> unroller (random policy) -> experience -> replay_store
@@ -45,7 +45,7 @@ nodes:
     publishes: [experience]
   replay_store:
     kind: replay_store
-    config: {{num_environments: {total}, max_length: 100000}}
+    config: {{num_environments: {total}, max_length: 20000}}
     subscribes: [experience]
     serves: [sample]
 run:
@@ -80,11 +80,14 @@ def graph_rate(runners: int, envs: int, seconds: float, warmup: float) -> float:
                 if line.startswith("control: "):
                     break
             control(run_dir, "wait_ready", timeout=120)
-            time.sleep(warmup)
 
             def inserted():
                 status = control(run_dir, "status")
                 return status["nodes"]["replay_store.0"].get("status", {}).get("inserted", 0)
+
+            while inserted() == 0:  # the replay store allocates its buffer on first data
+                time.sleep(0.5)
+            time.sleep(warmup)
 
             t0, s0 = time.perf_counter(), inserted()
             time.sleep(seconds)
@@ -99,7 +102,7 @@ def graph_rate(runners: int, envs: int, seconds: float, warmup: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--envs-per-runner", type=int, default=8)
+    parser.add_argument("--envs-per-runner", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--runners", type=int, nargs="+", default=[1, 2, 4])

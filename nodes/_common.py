@@ -43,7 +43,11 @@ class RandomPolicy:
 
     def rollout_step(self, time_step, state=()):
         n = len(time_step.step_type)
-        action = np.stack([self.action_space.sample() for _ in range(n)])
+        space = self.action_space
+        if isinstance(space, gym.spaces.Discrete):  # vectorized: this is a hot path in benches
+            action = space.start + space.np_random.integers(space.n, size=n)
+        else:
+            action = np.stack([space.sample() for _ in range(n)])
         return algorithms.AlgStep(output=action, state=(), info={})
 
     predict_step = rollout_step

@@ -33,10 +33,12 @@ class Config:
     request_timeout_s: float = field(default=60.0, metadata={"doc": "wait for actions"})
     metrics_interval_s: float = field(default=5.0, metadata={"doc": "episode metrics period"})
     max_env_failures: int = field(default=100, metadata={"doc": "give up after this many"})
+    env_groups: int = field(default=1, metadata={
+        "doc": "split the envs into groups that step while the others wait for actions"})
 
 
-def make_env(config: Config, seed: int) -> gym.vector.VectorEnv:
-    env = gym.make_vec(config.env_id, num_envs=config.num_envs, vectorization_mode="sync",
+def make_env(config: Config, seed: int, num_envs: int) -> gym.vector.VectorEnv:
+    env = gym.make_vec(config.env_id, num_envs=num_envs, vectorization_mode="sync",
                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP},
                        **config.env_kwargs)
     env.action_space.seed(seed)
@@ -53,12 +55,15 @@ class EpisodeStats:
         self.done_lengths: list[int] = []
         self.episodes = 0
 
-    def update(self, ts: TimeStep) -> None:
+    def update(self, ts: TimeStep, offset: int = 0) -> None:
+        """Fold in one step of the envs ``offset .. offset + len(ts) - 1``."""
+        view = slice(offset, offset + len(ts.step_type))
+        ret, length = self.ret[view], self.length[view]
         first = ts.step_type == StepType.FIRST
-        self.ret[first], self.length[first] = 0.0, 0
-        self.ret += ts.reward
-        self.length += ~first
-        for i in np.flatnonzero(ts.step_type == StepType.LAST):
+        ret[first], length[first] = 0.0, 0
+        ret += ts.reward
+        length += ~first
+        for i in offset + np.flatnonzero(ts.step_type == StepType.LAST):
             self.done_returns.append(float(self.ret[i]))
             self.done_lengths.append(int(self.length[i]))
             self.episodes += 1
@@ -73,21 +78,26 @@ class EpisodeStats:
         return out
 
 
-async def run(config: Config, bus, ready) -> dict:
-    replica = bus.context.replica
-    seed = config.seed + 1000 * replica
-    env_offset = replica * config.num_envs
-    policy = bus.client("policy")
-    metrics = bus.publisher("metrics") if bus.publishes("metrics") else None
-    stepper = VectorEnvStepper(make_env(config, seed), seed)
-    stats = EpisodeStats(config.num_envs)
+class _Counters:
+    """What the runner's env groups share: steps, failures, the graph's env-step count."""
+
+    def __init__(self):
+        self.steps = 0
+        self.failures = 0
+        self.env_steps = 0
+        self.last_report = time.monotonic()
+
+
+async def _step_group(config: Config, bus, group: int, policy, metrics, stats: EpisodeStats,
+                      counters: _Counters) -> None:
+    """One group of environments: send its time step, apply the actions, repeat. With several
+    groups, one group steps while another waits for its actions (double buffering)."""
+    size = config.num_envs // config.env_groups
+    seed = config.seed + 1000 * bus.context.replica + 100 * group
+    env_offset = bus.context.replica * config.num_envs + group * size
+    stepper = VectorEnvStepper(make_env(config, seed, size), seed)
     ts = stepper.reset()
-    failures = 0
-    steps = 0
-    env_steps = 0
     need_reset = False  # the env was recreated: the step after the LAST we reported is a reset
-    last_report = time.monotonic()
-    ready()
     try:
         while not bus.stopping.is_set():
             try:
@@ -99,34 +109,50 @@ async def run(config: Config, bus, ready) -> dict:
                 continue
             if reply is None:
                 break
-            env_steps = reply.message.env_steps
+            counters.env_steps = max(counters.env_steps, reply.message.env_steps)
             if need_reset:
                 ts, need_reset = stepper.reset(), False
             else:
                 try:
                     ts = stepper.step(np.asarray(reply.message.action))
                 except Exception as exc:  # a broken environment must not take the runner down
-                    failures += 1
+                    counters.failures += 1
                     log.error("%s: environment raised %s: %s; recreating it (%d/%d)",
-                              bus.context.instance, type(exc).__name__, exc, failures,
+                              bus.context.instance, type(exc).__name__, exc, counters.failures,
                               config.max_env_failures)
-                    if failures > config.max_env_failures:
+                    if counters.failures > config.max_env_failures:
                         raise
                     ts, need_reset = _truncated(ts), True
                     stepper.env.close()
-                    stepper = VectorEnvStepper(make_env(config, seed + failures), seed + failures)
-            stats.update(ts)
-            steps += 1
-            bus.status["steps"] = steps * config.num_envs
-            if metrics is not None and time.monotonic() - last_report >= config.metrics_interval_s:
-                last_report = time.monotonic()
+                    seed += 1
+                    stepper = VectorEnvStepper(make_env(config, seed, size), seed)
+            stats.update(ts, offset=group * size)
+            counters.steps += size
+            bus.status["steps"] = counters.steps
+            if metrics is not None and \
+                    time.monotonic() - counters.last_report >= config.metrics_interval_s:
+                counters.last_report = time.monotonic()
                 values = stats.flush()
                 if values:
-                    values["env/failures"] = failures
-                    await metrics.send(Metrics(bus.context.instance, env_steps, values))
+                    values["env/failures"] = counters.failures
+                    await metrics.send(Metrics(bus.context.instance, counters.env_steps, values))
     finally:
         stepper.env.close()
-    return {"steps": steps * config.num_envs, "episodes": stats.episodes, "failures": failures}
+
+
+async def run(config: Config, bus, ready) -> dict:
+    if config.env_groups < 1 or config.num_envs % config.env_groups:
+        raise ValueError(f"num_envs ({config.num_envs}) must be a multiple of env_groups "
+                         f"({config.env_groups})")
+    policy = bus.client("policy")
+    metrics = bus.publisher("metrics") if bus.publishes("metrics") else None
+    stats = EpisodeStats(config.num_envs)
+    counters = _Counters()
+    ready()
+    await asyncio.gather(*(_step_group(config, bus, g, policy, metrics, stats, counters)
+                           for g in range(config.env_groups)))
+    return {"steps": counters.steps, "episodes": stats.episodes,
+            "failures": counters.failures}
 
 
 async def _request_unless_stopping(client, msg, timeout: float, stopping: asyncio.Event):

@@ -110,7 +110,7 @@ topics:
 nodes:
   env_runner:
     kind: env_runner
-    config: {env_id: "ConduitTest/FlakyCartPole-v0", num_envs: 2}
+    config: {env_id: "ConduitTest/FlakyCartPole-v0", num_envs: 4, env_groups: 2}
     calls: [policy]
   unroller:
     kind: unroller
@@ -119,7 +119,7 @@ nodes:
     publishes: [experience]
   replay_store:
     kind: replay_store
-    config: {num_environments: 2, max_length: 1000}
+    config: {num_environments: 4, max_length: 1000}
     subscribes: [experience]
     serves: [sample]
 run:
