@@ -631,14 +631,26 @@ class _XPubSide:
         self.bus.sockets.close(self.sock)
 
 
+TAP_MAX_RATE = 200.0  # messages/s a tap mirrors at most: a sample for people, not a copy
+
+
 class _Tap(_XPubSide):
-    """A lossy XPUB that mirrors a reliable topic while (and only while) someone subscribes."""
+    """A lossy XPUB that mirrors a reliable topic while (and only while) someone subscribes.
+
+    It mirrors at most ``TAP_MAX_RATE`` messages per second: on a busy topic a monitor sees a
+    sample, and neither the publisher nor the monitor spends CPU the graph needs (on a small
+    machine the monitor's own decoding would otherwise take cores from the nodes)."""
 
     def __init__(self, bus: Bus, endpoint: str):
         super().__init__(bus, endpoint, hwm=100)
+        self._next = 0.0
 
     def mirror(self, topic: str, frames: list) -> None:
         if self.subscribers:
+            now = time.monotonic()
+            if now < self._next:
+                return
+            self._next = now + 1.0 / TAP_MAX_RATE
             with contextlib.suppress(zmq.Again):
                 send_now(self.sock, [topic.encode(), *frames])
 
