@@ -96,7 +96,7 @@ def test_monitors_never_block_the_graph(live):
         stalled.connect(ep)
     stalled.setsockopt(zmq.SUBSCRIBE, b"")
     monitor = subprocess.Popen([sys.executable, "run.py", "monitor", run.run_dir, "--topic",
-                                "numbers", "--count", "1000"], cwd=ROOT,
+                                "numbers", "--count", "20"], cwd=ROOT,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert run.finish() == 0, run.stderr
