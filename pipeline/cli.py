@@ -8,7 +8,6 @@ import datetime
 import json
 import os
 import sys
-import time
 
 import yaml
 
@@ -306,7 +305,3 @@ def cmd_plot(args) -> int:
         raise UsageError(str(exc)) from None
     print(out)
     return EXIT_OK
-
-
-def now() -> float:
-    return time.time()

@@ -200,6 +200,3 @@ class LeaveAck(Message):
 
     topic: str
 
-
-def field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))

@@ -183,7 +183,6 @@ class Supervisor:
         self.incarnations: dict[str, Incarnation] = {}
         self.generation = 0
         self.gone: list[str] = []
-        self.node_overrides: dict[str, dict] = {}
         self.stopping = False
         self.failure: str | None = None
         self.stop_event = asyncio.Event()
@@ -416,7 +415,6 @@ class Supervisor:
                 raise ValueError(f"nodes.{node}.config.{exc}") from None
         for w in watchers:
             await self._replace(w, new_kind, new_config, "swapped")
-        self.node_overrides[node] = {"kind": new_kind, "config": new_config}
         return {"swapped": [w.instance for w in watchers], "kind": new_kind,
                 "config": new_config}
 
