@@ -16,11 +16,14 @@ import algorithms
 
 
 @dataclasses.dataclass(frozen=True)
-class AlgorithmSpec:
-    """What a node needs to build the graph's algorithm: its name and keyword arguments."""
+class AlgorithmConfig:
+    """The fields every node that builds the graph's algorithm shares (unroller, learner,
+    evaluator): declared once so the three stay in step. Node configs extend it."""
 
-    name: str
-    kwargs: dict
+    env_id: str = dataclasses.field(metadata={"doc": "Gymnasium id (for the spaces)"})
+    algorithm: dict = dataclasses.field(metadata={"doc": "{name: ..., hyperparameters...}"})
+    env_kwargs: dict = dataclasses.field(default_factory=dict,
+                                         metadata={"doc": "gymnasium.make kwargs"})
 
 
 def env_spaces(env_id: str, env_kwargs: dict | None = None) -> tuple[gym.Space, gym.Space]:

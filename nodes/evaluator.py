@@ -18,17 +18,14 @@ import torch
 
 from algorithms.data import StepType
 from algorithms.sync_trainer import VectorEnvStepper, make_vector_env
-from nodes._common import make_algorithm
+from nodes._common import AlgorithmConfig, make_algorithm
 from nodes.messages import Metrics
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Config:
-    env_id: str = field(metadata={"doc": "Gymnasium id"})
-    algorithm: dict = field(metadata={"doc": "{name: ..., hyperparameters...}"})
-    env_kwargs: dict = field(default_factory=dict, metadata={"doc": "gymnasium.make kwargs"})
+class Config(AlgorithmConfig):
     num_eval_episodes: int = field(default=10, metadata={"doc": "episodes per evaluation"})
     eval_interval: int = field(default=5000, metadata={"doc": "env steps between evaluations"})
     stop_at_return: float | None = field(default=None, metadata={

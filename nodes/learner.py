@@ -26,17 +26,14 @@ from dataclasses import dataclass, field
 import torch
 
 from algorithms.data import Experience
-from nodes._common import make_algorithm, to_torch
+from nodes._common import AlgorithmConfig, make_algorithm, to_torch
 from nodes.messages import Metrics, Params, Priorities, SampleRequest, StateReply
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Config:
-    env_id: str = field(metadata={"doc": "Gymnasium id (for the spaces)"})
-    algorithm: dict = field(metadata={"doc": "{name: ..., hyperparameters...}"})
-    env_kwargs: dict = field(default_factory=dict, metadata={"doc": "gymnasium.make kwargs"})
+class Config(AlgorithmConfig):
     num_env_steps: int = field(default=100_000, metadata={"doc": "env-step budget of the run"})
     mini_batch_size: int = field(default=256, metadata={"doc": "replay batch size B"})
     mini_batch_length: int | None = field(default=None, metadata={

@@ -24,17 +24,14 @@ import numpy as np
 import torch
 
 from algorithms.data import TimeStep
-from nodes._common import RandomPolicy, make_algorithm, strip_empty, to_numpy
+from nodes._common import AlgorithmConfig, RandomPolicy, make_algorithm, strip_empty, to_numpy
 from nodes.messages import FINAL_CHECKPOINT, ActionBatch, ExperienceBatch, StateReply, Trajectory
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Config:
-    env_id: str = field(metadata={"doc": "Gymnasium id (for the spaces)"})
-    algorithm: dict = field(metadata={"doc": "{name: ..., hyperparameters...}"})
-    env_kwargs: dict = field(default_factory=dict, metadata={"doc": "gymnasium.make kwargs"})
+class Config(AlgorithmConfig):
     unroll_length: int = field(default=8, metadata={"doc": "on-policy unroll length T"})
     max_unrolls_per_version: int = field(default=1, metadata={"doc": "on-policy lag bound"})
     max_batch_requests: int = field(default=64, metadata={"doc": "requests batched at most"})

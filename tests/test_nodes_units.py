@@ -110,7 +110,8 @@ topics:
 nodes:
   env_runner:
     kind: env_runner
-    config: {env_id: "ConduitTest/FlakyCartPole-v0", num_envs: 4, env_groups: 2}
+    config: {env_id: "ConduitTest/FlakyCartPole-v0", num_envs: 4, env_groups: 2,
+             max_env_failures: 1000000}
     calls: [policy]
   unroller:
     kind: unroller
