@@ -44,7 +44,15 @@ import zmq.asyncio
 
 from pipeline import codec
 from pipeline.messages import Credit, Join, Leave, LeaveAck
-from pipeline.sockets import Sender, SocketFactory, bind, recv_batch, recv_now, send_now, shadow_of
+from pipeline.sockets import (
+    Sender,
+    SocketFactory,
+    bind,
+    recv_batch,
+    recv_now,
+    send_now,
+    shadow_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -774,31 +782,44 @@ class Request:
         return self.envelope.message
 
     async def reply(self, msg) -> None:
-        await self.server.sock.send_multipart(
-            [self.routing_id, self.request_id, *codec.encode(msg, self.server.bus.instance)],
-            copy=False)
+        """Send the reply now (a ROUTER with no high-water mark never blocks on send)."""
+        self.server.send_reply(self, msg)
 
 
 class ServiceServer:
+    """Answers requests from every client of a service. Requests are drained in batches from
+    the plain shadow socket and replies go out through a :class:`Sender`: a round trip through
+    zmq.asyncio's futures cost about five times what the messages themselves do."""
+
     def __init__(self, bus: Bus, service: str, endpoint: str):
         self.bus, self.service = bus, service
         self.stats = TopicStats()
         self.sock = bus.sockets.make(zmq.ROUTER, hwm=0)
         self.endpoint = bind(self.sock, endpoint)
+        self._shadow = shadow_of(self.sock)
+        self._out = Sender(self.sock)  # every send on sock
+        self._waiting: collections.deque[Request] = collections.deque()
 
     async def recv(self) -> Request:
-        while True:
-            request = self._parse(await self.sock.recv_multipart(copy=False))
-            if request is not None:
-                return request
+        while not self._waiting:
+            self._parse_all(await recv_batch(self.sock, self._shadow))
+        return self._waiting.popleft()
 
     def recv_nowait(self) -> Request | None:
         """A request that is already waiting, or None (for batching requests together)."""
-        while (frames := recv_now(self.sock)) is not None:
+        if not self._waiting:
+            self._parse_all(_waiting(self._shadow))
+        return self._waiting.popleft() if self._waiting else None
+
+    def send_reply(self, request: Request, msg) -> None:
+        self._out.send([request.routing_id, request.request_id,
+                        *codec.encode(msg, self.bus.instance)])
+
+    def _parse_all(self, batch: list) -> None:
+        for frames in batch:
             request = self._parse(frames)
             if request is not None:
-                return request
-        return None
+                self._waiting.append(request)
 
     def _parse(self, frames) -> Request | None:
         if len(frames) < 3:
@@ -811,7 +832,7 @@ class ServiceServer:
             log.warning("%s: malformed request on %s: %s", self.bus.instance, self.service, exc)
             return None
         self.stats.received += 1
-        return Request(self, frames[0].bytes, frames[1].bytes, envelope)
+        return Request(self, _as_bytes(frames[0]), _as_bytes(frames[1]), envelope)
 
     def __aiter__(self):
         return self
@@ -823,38 +844,66 @@ class ServiceServer:
         self.bus.sockets.close(self.sock)
 
 
+def _waiting(shadow: zmq.Socket) -> list:
+    """Every message waiting on a socket, without waiting (its only reader empties it, so the
+    edge-triggered wake-up zmq.asyncio relies on is not lost)."""
+    batch = []
+    try:
+        while True:
+            batch.append(shadow.recv_multipart(zmq.NOBLOCK, copy=False))
+    except zmq.Again:
+        return batch
+
+
 class ServerGone(TimeoutError):
     """The server a request went to exited before replying (a TimeoutError, so callers that
     retry on timeouts retry on this too, only sooner)."""
 
 
+class _ServerLink:
+    """One client socket to one server: its sender, its shadow for draining replies, and the
+    task that reads them."""
+
+    __slots__ = ("sock", "shadow", "out", "reader")
+
+    def __init__(self, sock: zmq.asyncio.Socket, reader_factory):
+        self.sock, self.shadow, self.out = sock, shadow_of(sock), Sender(sock)
+        self.reader = asyncio.ensure_future(reader_factory(self))
+
+
 class ServiceClient:
-    """Sends requests round-robin over every server of a service; replies matched by id."""
+    """Sends requests round-robin over every server of a service; replies matched by id.
+
+    A pending request is a plain future with a timer, not a task: the env runner makes one per
+    step of its environments, and tasks and ``wait_for`` cost more than the round trip."""
 
     def __init__(self, bus: Bus, service: str):
         self.bus, self.service = bus, service
         self.stats = TopicStats()
-        self.connections: dict[str, zmq.asyncio.Socket] = {}
-        self._readers: dict[str, asyncio.Future] = {}
+        self._conns: dict[str, _ServerLink] = {}
         self._pending: dict[bytes, asyncio.Future] = {}
         self._sent_to: dict[bytes, str] = {}  # request id -> endpoint it went to
         self._ids = itertools.count(1)
         self._rotation = itertools.count()
         self._available = asyncio.Event()
 
+    @property
+    def connections(self) -> dict[str, zmq.asyncio.Socket]:
+        return {endpoint: conn.sock for endpoint, conn in self._conns.items()}
+
     def set_endpoints(self, endpoints: list[str]) -> None:
         for endpoint in endpoints:
-            if endpoint not in self.connections:
+            if endpoint not in self._conns:
                 sock = self.bus.sockets.make(zmq.DEALER, hwm=0)
                 sock.connect(endpoint)
-                self.connections[endpoint] = sock
-                self._readers[endpoint] = asyncio.ensure_future(self._read(sock))
-        for endpoint in list(self.connections):
+                self._conns[endpoint] = _ServerLink(sock, self._read)
+        for endpoint in list(self._conns):
             if endpoint not in endpoints:
-                self._readers.pop(endpoint).cancel()
-                self.bus.sockets.close(self.connections.pop(endpoint))
+                conn = self._conns.pop(endpoint)
+                conn.reader.cancel()
+                self.bus.sockets.close(conn.sock)
                 self._fail_requests_to(endpoint)
-        if self.connections:
+        if self._conns:
             self._available.set()
         else:
             self._available.clear()
@@ -868,59 +917,62 @@ class ServiceClient:
                 future.set_exception(ServerGone(
                     f"server of {self.service!r} at {endpoint} went away"))
 
-    async def _read(self, sock) -> None:
+    async def _read(self, conn: _ServerLink) -> None:
         while True:
-            frames = await sock.recv_multipart(copy=False)
-            self._sent_to.pop(frames[0].bytes, None)
-            future = self._pending.pop(frames[0].bytes, None)
-            if future is None or future.done():
-                continue  # reply to a request that timed out
-            try:
-                future.set_result(codec.decode(frames[1:]))
-            except codec.ProtocolError as exc:
-                self.stats.malformed += 1
-                future.set_exception(exc)
+            for frames in await recv_batch(conn.sock, conn.shadow, copy_first=1):
+                future = self._pending.get(_as_bytes(frames[0]))
+                if future is None or future.done():
+                    continue  # reply to a request that timed out
+                try:
+                    future.set_result(codec.decode(frames[1:]))
+                except codec.ProtocolError as exc:
+                    self.stats.malformed += 1
+                    future.set_exception(exc)
 
     async def request(self, msg, timeout: float = 30.0) -> codec.Envelope:
         """Send ``msg`` to one server and wait for its reply; TimeoutError after ``timeout``."""
-        deadline = time.monotonic() + timeout
-        await asyncio.wait_for(self._available.wait(), timeout)
-        return await self.submit(msg, max(0.0, deadline - time.monotonic()))
+        if not self._available.is_set():
+            deadline = time.monotonic() + timeout
+            await asyncio.wait_for(self._available.wait(), timeout)
+            timeout = max(0.0, deadline - time.monotonic())
+        return await self.submit(msg, timeout)
 
     def submit(self, msg, timeout: float = 30.0) -> asyncio.Future:
-        """Send ``msg`` now (needs a connected server) and return a future of the reply.
+        """Send ``msg`` now (needs a connected server) and return a future of the reply; it
+        fails with TimeoutError after ``timeout`` seconds, or ServerGone if the server exits.
 
         For prefetching: the request is on its way before the caller goes on to other work.
         """
-        if not self.connections:
+        if not self._conns:
             raise TimeoutError(f"no server for service {self.service!r}")
-        endpoints = list(self.connections)
+        endpoints = list(self._conns)
         endpoint = endpoints[next(self._rotation) % len(endpoints)]
-        sock = self.connections[endpoint]
         request_id = _U64.pack(next(self._ids))
-        future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         self._pending[request_id] = future
         self._sent_to[request_id] = endpoint
+        timer = loop.call_later(timeout, self._time_out, future, timeout)
+        future.add_done_callback(lambda _: self._forget(request_id, timer))
         self.stats.sent += 1
-        send_now(sock, [request_id, *codec.encode(msg, self.bus.instance)])
-        return asyncio.ensure_future(self._await_reply(request_id, future, timeout))
+        self._conns[endpoint].out.send([request_id, *codec.encode(msg, self.bus.instance)])
+        return future
 
-    async def _await_reply(self, request_id, future, timeout: float) -> codec.Envelope:
-        try:
-            return await asyncio.wait_for(future, timeout)
-        except TimeoutError:
-            raise TimeoutError(f"no reply from service {self.service!r} within {timeout:.0f}s")\
-                from None
-        finally:
-            self._pending.pop(request_id, None)
-            self._sent_to.pop(request_id, None)
+    def _time_out(self, future: asyncio.Future, timeout: float) -> None:
+        if not future.done():
+            future.set_exception(TimeoutError(
+                f"no reply from service {self.service!r} within {timeout:.0f}s"))
+
+    def _forget(self, request_id: bytes, timer: asyncio.TimerHandle) -> None:
+        timer.cancel()
+        self._pending.pop(request_id, None)
+        self._sent_to.pop(request_id, None)
 
     def close(self) -> None:
-        for task in self._readers.values():
-            task.cancel()
-        for sock in self.connections.values():
-            self.bus.sockets.close(sock)
-        self.connections.clear()
+        for conn in self._conns.values():
+            conn.reader.cancel()
+            self.bus.sockets.close(conn.sock)
+        self._conns.clear()
 
 
 # --- the bus -----------------------------------------------------------------------------------

@@ -244,7 +244,16 @@ def process_main(launch_path: str, log_path: str | None = None) -> int:
             return EXIT_FAILED
         return EXIT_OK
 
-    code = uvloop.run(main())
+    profile_dir = os.environ.get("CONDUIT_PROFILE_DIR")
+    if profile_dir:  # opt-in: one cProfile dump per incarnation, for finding hot spots
+        import cProfile
+
+        profiler = cProfile.Profile()
+        code = profiler.runcall(uvloop.run, main())
+        os.makedirs(profile_dir, exist_ok=True)
+        profiler.dump_stats(os.path.join(profile_dir, f"{launch.incarnation}.prof"))
+    else:
+        code = uvloop.run(main())
     log.info("%s exiting with code %d", launch.incarnation, code)
     with contextlib.suppress(Exception):
         logging.shutdown()
