@@ -43,6 +43,7 @@ import zmq
 import zmq.asyncio
 
 from pipeline import codec
+from pipeline.channel import Channel
 from pipeline.messages import Credit, Join, Leave, LeaveAck
 from pipeline.sockets import (
     Sender,
@@ -787,39 +788,48 @@ class Request:
 
 
 class ServiceServer:
-    """Answers requests from every client of a service. Requests are drained in batches from
-    the plain shadow socket and replies go out through a :class:`Sender`: a round trip through
-    zmq.asyncio's futures cost about five times what the messages themselves do."""
+    """Answers requests from every client of a service. The socket is driven by a
+    :class:`~pipeline.channel.Channel`: requests are parsed as they arrive and queued, replies
+    go out at once (the env runners wait on this round trip every step)."""
 
     def __init__(self, bus: Bus, service: str, endpoint: str):
         self.bus, self.service = bus, service
         self.stats = TopicStats()
         self.sock = bus.sockets.make(zmq.ROUTER, hwm=0)
         self.endpoint = bind(self.sock, endpoint)
-        self._shadow = shadow_of(self.sock)
-        self._out = Sender(self.sock)  # every send on sock
         self._waiting: collections.deque[Request] = collections.deque()
+        self._wakeup: asyncio.Future | None = None
+        self._channel: Channel | None = None  # made on first use, inside the running loop
+
+    def _ensure_channel(self) -> None:
+        if self._channel is None:
+            self._channel = Channel(self.sock, self._on_message)
 
     async def recv(self) -> Request:
+        self._ensure_channel()
         while not self._waiting:
-            self._parse_all(await recv_batch(self.sock, self._shadow))
+            self._wakeup = asyncio.get_running_loop().create_future()
+            try:
+                await self._wakeup
+            finally:
+                self._wakeup = None
         return self._waiting.popleft()
 
     def recv_nowait(self) -> Request | None:
         """A request that is already waiting, or None (for batching requests together)."""
-        if not self._waiting:
-            self._parse_all(_waiting(self._shadow))
+        self._ensure_channel()
         return self._waiting.popleft() if self._waiting else None
 
     def send_reply(self, request: Request, msg) -> None:
-        self._out.send([request.routing_id, request.request_id,
-                        *codec.encode(msg, self.bus.instance)])
+        self._channel.send([request.routing_id, request.request_id,
+                            *codec.encode(msg, self.bus.instance)])
 
-    def _parse_all(self, batch: list) -> None:
-        for frames in batch:
-            request = self._parse(frames)
-            if request is not None:
-                self._waiting.append(request)
+    def _on_message(self, frames) -> None:
+        request = self._parse(frames)
+        if request is not None:
+            self._waiting.append(request)
+            if self._wakeup is not None and not self._wakeup.done():
+                self._wakeup.set_result(None)
 
     def _parse(self, frames) -> Request | None:
         if len(frames) < 3:
@@ -832,7 +842,7 @@ class ServiceServer:
             log.warning("%s: malformed request on %s: %s", self.bus.instance, self.service, exc)
             return None
         self.stats.received += 1
-        return Request(self, _as_bytes(frames[0]), _as_bytes(frames[1]), envelope)
+        return Request(self, frames[0].bytes, frames[1].bytes, envelope)
 
     def __aiter__(self):
         return self
@@ -841,34 +851,14 @@ class ServiceServer:
         return await self.recv()
 
     def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
         self.bus.sockets.close(self.sock)
-
-
-def _waiting(shadow: zmq.Socket) -> list:
-    """Every message waiting on a socket, without waiting (its only reader empties it, so the
-    edge-triggered wake-up zmq.asyncio relies on is not lost)."""
-    batch = []
-    try:
-        while True:
-            batch.append(shadow.recv_multipart(zmq.NOBLOCK, copy=False))
-    except zmq.Again:
-        return batch
 
 
 class ServerGone(TimeoutError):
     """The server a request went to exited before replying (a TimeoutError, so callers that
     retry on timeouts retry on this too, only sooner)."""
-
-
-class _ServerLink:
-    """One client socket to one server: its sender, its shadow for draining replies, and the
-    task that reads them."""
-
-    __slots__ = ("sock", "shadow", "out", "reader")
-
-    def __init__(self, sock: zmq.asyncio.Socket, reader_factory):
-        self.sock, self.shadow, self.out = sock, shadow_of(sock), Sender(sock)
-        self.reader = asyncio.ensure_future(reader_factory(self))
 
 
 class ServiceClient:
@@ -880,7 +870,7 @@ class ServiceClient:
     def __init__(self, bus: Bus, service: str):
         self.bus, self.service = bus, service
         self.stats = TopicStats()
-        self._conns: dict[str, _ServerLink] = {}
+        self._conns: dict[str, tuple[zmq.asyncio.Socket, Channel]] = {}
         self._pending: dict[bytes, asyncio.Future] = {}
         self._sent_to: dict[bytes, str] = {}  # request id -> endpoint it went to
         self._ids = itertools.count(1)
@@ -889,19 +879,19 @@ class ServiceClient:
 
     @property
     def connections(self) -> dict[str, zmq.asyncio.Socket]:
-        return {endpoint: conn.sock for endpoint, conn in self._conns.items()}
+        return {endpoint: sock for endpoint, (sock, _) in self._conns.items()}
 
     def set_endpoints(self, endpoints: list[str]) -> None:
         for endpoint in endpoints:
             if endpoint not in self._conns:
                 sock = self.bus.sockets.make(zmq.DEALER, hwm=0)
                 sock.connect(endpoint)
-                self._conns[endpoint] = _ServerLink(sock, self._read)
+                self._conns[endpoint] = (sock, Channel(sock, self._on_reply))
         for endpoint in list(self._conns):
             if endpoint not in endpoints:
-                conn = self._conns.pop(endpoint)
-                conn.reader.cancel()
-                self.bus.sockets.close(conn.sock)
+                sock, channel = self._conns.pop(endpoint)
+                channel.close()
+                self.bus.sockets.close(sock)
                 self._fail_requests_to(endpoint)
         if self._conns:
             self._available.set()
@@ -917,17 +907,15 @@ class ServiceClient:
                 future.set_exception(ServerGone(
                     f"server of {self.service!r} at {endpoint} went away"))
 
-    async def _read(self, conn: _ServerLink) -> None:
-        while True:
-            for frames in await recv_batch(conn.sock, conn.shadow, copy_first=1):
-                future = self._pending.get(_as_bytes(frames[0]))
-                if future is None or future.done():
-                    continue  # reply to a request that timed out
-                try:
-                    future.set_result(codec.decode(frames[1:]))
-                except codec.ProtocolError as exc:
-                    self.stats.malformed += 1
-                    future.set_exception(exc)
+    def _on_reply(self, frames) -> None:
+        future = self._pending.get(frames[0].bytes)
+        if future is None or future.done():
+            return  # reply to a request that timed out
+        try:
+            future.set_result(codec.decode(frames[1:]))
+        except codec.ProtocolError as exc:
+            self.stats.malformed += 1
+            future.set_exception(exc)
 
     async def request(self, msg, timeout: float = 30.0) -> codec.Envelope:
         """Send ``msg`` to one server and wait for its reply; TimeoutError after ``timeout``."""
@@ -955,7 +943,7 @@ class ServiceClient:
         timer = loop.call_later(timeout, self._time_out, future, timeout)
         future.add_done_callback(lambda _: self._forget(request_id, timer))
         self.stats.sent += 1
-        self._conns[endpoint].out.send([request_id, *codec.encode(msg, self.bus.instance)])
+        self._conns[endpoint][1].send([request_id, *codec.encode(msg, self.bus.instance)])
         return future
 
     def _time_out(self, future: asyncio.Future, timeout: float) -> None:
@@ -969,9 +957,9 @@ class ServiceClient:
         self._sent_to.pop(request_id, None)
 
     def close(self) -> None:
-        for conn in self._conns.values():
-            conn.reader.cancel()
-            self.bus.sockets.close(conn.sock)
+        for sock, channel in self._conns.values():
+            channel.close()
+            self.bus.sockets.close(sock)
         self._conns.clear()
 
 

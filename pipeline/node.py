@@ -247,8 +247,9 @@ def process_main(launch_path: str, log_path: str | None = None) -> int:
     profile_dir = os.environ.get("CONDUIT_PROFILE_DIR")
     if profile_dir:  # opt-in: one cProfile dump per incarnation, for finding hot spots
         import cProfile
+        import time
 
-        profiler = cProfile.Profile()
+        profiler = cProfile.Profile(time.thread_time)  # CPU of this thread, not waiting
         code = profiler.runcall(uvloop.run, main())
         os.makedirs(profile_dir, exist_ok=True)
         profiler.dump_stats(os.path.join(profile_dir, f"{launch.incarnation}.prof"))
