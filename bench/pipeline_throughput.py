@@ -81,23 +81,27 @@ def graph_rate(runners: int, envs: int, seconds: float, warmup: float) -> float:
                     break
             control(run_dir, "wait_ready", timeout=120)
 
-            def inserted():
-                status = control(run_dir, "status")
-                return status["nodes"]["replay_store.0"].get("status", {}).get("inserted", 0)
+            def sample():
+                nodes = control(run_dir, "status")["nodes"]
+                runner = nodes["env_runner.0"].get("status", {})
+                return (nodes["replay_store.0"].get("status", {}).get("inserted", 0),
+                        runner.get("stepping_s", 0.0), runner.get("waiting_s", 0.0))
 
-            while inserted() == 0:  # the replay store allocates its buffer on first data
+            while sample()[0] == 0:  # the replay store allocates its buffer on first data
                 time.sleep(0.5)
             time.sleep(warmup)
 
-            t0, s0 = time.perf_counter(), inserted()
+            t0, (s0, step0, wait0) = time.perf_counter(), sample()
             time.sleep(seconds)
-            t1, s1 = time.perf_counter(), inserted()
+            t1, (s1, step1, wait1) = time.perf_counter(), sample()
             control(run_dir, "stop")
             proc.wait(120)
         finally:
             if proc.poll() is None:
                 proc.kill()
-        return (s1 - s0) / (t1 - t0)
+        # Where runner 0's time went: stepping its envs vs waiting for their actions.
+        share = (step1 - step0, wait1 - wait0)
+        return (s1 - s0) / (t1 - t0), share
 
 
 def main() -> None:
@@ -108,14 +112,17 @@ def main() -> None:
     parser.add_argument("--runners", type=int, nargs="+", default=[1, 2, 4])
     args = parser.parse_args()
     results = {}
-    print(f"{'runners':>8}{'envs':>6}{'graph steps/s':>15}{'1-process steps/s':>19}{'ratio':>8}")
+    print(f"{'runners':>8}{'envs':>6}{'graph steps/s':>15}{'1-process steps/s':>19}{'ratio':>8}{'runner wait':>12}")
     for n in args.runners:
         total = n * args.envs_per_runner
-        ours = graph_rate(n, args.envs_per_runner, args.seconds, args.warmup)
+        ours, (stepping, waiting) = graph_rate(n, args.envs_per_runner, args.seconds,
+                                               args.warmup)
         limit = single_process_rate(total, args.seconds)
+        wait_share = waiting / max(stepping + waiting, 1e-9)
         results[n] = {"graph": round(ours, 1), "single_process": round(limit, 1),
-                      "ratio": round(ours / limit, 3)}
-        print(f"{n:>8}{total:>6}{ours:>15.0f}{limit:>19.0f}{ours / limit:>8.2f}", flush=True)
+                      "ratio": round(ours / limit, 3), "runner_wait_share": round(wait_share, 3)}
+        print(f"{n:>8}{total:>6}{ours:>15.0f}{limit:>19.0f}{ours / limit:>8.2f}"
+              f"{wait_share:>12.2f}", flush=True)
     print(json.dumps({"bench": "pipeline_throughput", "env": "CartPole-v1",
                       "envs_per_runner": args.envs_per_runner, "cpus": os.cpu_count(),
                       "results": results}))

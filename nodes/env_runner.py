@@ -85,6 +85,8 @@ class _Counters:
         self.steps = 0
         self.failures = 0
         self.env_steps = 0
+        self.stepping_s = 0.0  # in env.step and bookkeeping
+        self.waiting_s = 0.0  # from sending a time step to having its actions
         self.last_report = time.monotonic()
 
 
@@ -100,6 +102,7 @@ async def _step_group(config: Config, bus, group: int, policy, metrics, stats: E
     need_reset = False  # the env was recreated: the step after the LAST we reported is a reset
     try:
         while not bus.stopping.is_set():
+            waited_from = time.perf_counter()
             try:
                 reply = await _request_unless_stopping(
                     policy, TimeStepBatch(bus.context.instance, env_offset, ts._asdict()),
@@ -109,6 +112,8 @@ async def _step_group(config: Config, bus, group: int, policy, metrics, stats: E
                 continue
             if reply is None:
                 break
+            stepped_from = time.perf_counter()
+            counters.waiting_s += stepped_from - waited_from
             counters.env_steps = max(counters.env_steps, reply.message.env_steps)
             if need_reset:
                 ts, need_reset = stepper.reset(), False
@@ -127,8 +132,10 @@ async def _step_group(config: Config, bus, group: int, policy, metrics, stats: E
                     seed += 1
                     stepper = VectorEnvStepper(make_env(config, seed, size), seed)
             stats.update(ts, offset=group * size)
+            counters.stepping_s += time.perf_counter() - stepped_from
             counters.steps += size
-            bus.status["steps"] = counters.steps
+            bus.status.update(steps=counters.steps, stepping_s=round(counters.stepping_s, 3),
+                              waiting_s=round(counters.waiting_s, 3))
             if metrics is not None and \
                     time.monotonic() - counters.last_report >= config.metrics_interval_s:
                 counters.last_report = time.monotonic()
