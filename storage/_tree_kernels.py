@@ -1,17 +1,35 @@
-"""Compiled CPU kernels for the wide segment trees (optional: needs numba).
+"""Compiled CPU kernels for the wide segment trees (numba).
 
-A C++ tree (cpprb, TorchRL) updates 256 leaves in about 10 µs because each step is a few
-machine instructions; numpy pays about a microsecond per call, so even a four-level wide
-tree costs tens of microseconds. These kernels walk the same layout as the numpy and
-torch kernels in ``segment_tree.py`` (same node values, same prefix rows), compiled once
-per machine (numba's on-disk cache). ``segment_tree`` falls back to numpy when numba is
-not installed.
+A C++ tree (cpprb, TorchRL) updates 256 leaves in a few microseconds because each step
+is a few machine instructions; numpy or torch pay about a microsecond per call, so even a
+four-level tree driven from Python costs tens of microseconds. These kernels do a whole
+batch in one compiled call.
 
-Layout reminders: ``values`` holds level after level and the root in its last slot;
-level k starts at ``offsets[k]`` and is split into rows of ``widths[k]`` nodes. For sum
-trees, ``prefix`` holds for every row a leading 0 then the running sums of the row; the
-row of level k starting node ``r * widths[k]`` begins at ``prefix_offsets[k] +
-r * (widths[k] + 1)``.
+Layout (shared with the torch kernel in ``segment_tree.py``): ``values`` holds level
+after level, leaves first, and the root in its last slot. Level k starts at
+``offsets[k]``; below the top level it is cut into rows of ``fanout`` nodes, and node r of
+level k+1 reduces row r of level k; the top level is one row, reduced into the root.
+Every layout fact a kernel needs sits in one int64 array (fewer arguments to pass):
+
+    layout = [num_levels, fanout, shift (log2 fanout, or -1), capacity, offsets...]
+
+with ``num_levels + 1`` offsets, the last one being the root's slot.
+
+Sum trees are updated by deltas: a leaf change ``new - old`` is added to each ancestor,
+one addition per level, instead of re-adding ``fanout`` children per level (4x fewer
+operations at 2^20 leaves, and no dependent chain of additions). Deltas round, so three
+rules keep the sums exact enough to sample without bias:
+
+* a subtree that becomes empty is re-summed from its children at once, so an empty
+  subtree is exactly 0 and a search (which never enters a child of value <= 0) can never
+  reach a zero leaf;
+* every update also re-sums as many leaves as it wrote, exactly, continuing a post-order
+  sweep of the tree (``scrub``), so no node carries rounding from more than the last
+  ``capacity`` leaf writes however long the buffer runs;
+* ``resum`` rebuilds every node exactly (fill, load, checkpoint).
+
+Min and max trees need no deltas: a changed leaf walks up only while it changes its
+ancestors, and a row is re-reduced only when the old extreme leaves it.
 """
 
 from __future__ import annotations
@@ -23,117 +41,438 @@ import numpy as np
 
 OP_SUM, OP_MIN, OP_MAX = 0, 1, 2
 
-
 BAD_INDEX = -(2**62)
 BAD_VALUE = -(2**62) + 1
+INCONSISTENT = -1
+
+_HEADER = 4  # layout slots before the offsets
+
+# Slots of a sum tree's int64 ``state`` array.
+STATE_CURSOR, STATE_NNZ = 0, 1
 
 
-@numba.njit(cache=True, nogil=True)
-def set_leaves(
-    values,
-    prefix,
-    offsets,
-    prefix_offsets,
-    widths,
-    row_offsets,
-    stamps,
-    stamp,
-    op,
-    capacity,
-    idx,
-    vals,
-):
-    """Write ``vals`` at ``idx`` and refresh every ancestor once.
+def make_layout(num_levels: int, fanout: int, capacity: int, offsets) -> np.ndarray:
+    shift = fanout.bit_length() - 1 if fanout & (fanout - 1) == 0 else -1
+    return np.asarray([num_levels, fanout, shift, capacity, *offsets], dtype=np.int64)
 
-    Writes happen in input order, so for a duplicated index the last value wins and the
-    non-zero count moves once per real change. Rows to refresh are deduplicated with
-    ``stamps`` (one slot per row of every level, ``row_offsets[k]`` for level k): a row
-    whose slot already holds this call's ``stamp`` is skipped, which avoids a sort.
 
-    Returns the change in the number of non-zero leaves, or ``BAD_INDEX`` /
-    ``BAD_VALUE`` (nothing written) when an index is out of range or a sum-tree value
-    is negative or not finite.
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _width(layout, k):
+    """Row width of level k."""
+    num_levels = layout[0]
+    if k == num_levels - 1:
+        return layout[_HEADER + num_levels] - layout[_HEADER + k]
+    return layout[1]
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _row(layout, k, node):
+    """Row of level k holding ``node`` (= its parent's index at level k + 1)."""
+    if k == layout[0] - 1:
+        return 0
+    if layout[2] >= 0:
+        return node >> layout[2]
+    return node // layout[1]
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _reduce(values, start, width, op):
+    """``op`` over ``values[start:start + width]``, left to right."""
+    acc = values[start]
+    if op == OP_SUM:
+        for c in range(1, width):
+            acc += values[start + c]
+    elif op == OP_MIN:
+        for c in range(1, width):
+            acc = min(acc, values[start + c])
+    else:
+        for c in range(1, width):
+            acc = max(acc, values[start + c])
+    return acc
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def resum(values, layout, op):
+    """Recompute every internal node from its children, bottom up: O(capacity)."""
+    num_levels = layout[0]
+    for k in range(num_levels):
+        width = _width(layout, k)
+        start = layout[_HEADER + k]
+        rows = (layout[_HEADER + k + 1] - start) // width
+        parents = layout[_HEADER + k + 1]
+        for r in range(rows):
+            values[parents + r] = _reduce(values, start + r * width, width, op)
+
+
+# The per-leaf functions below run 256 times per call. They are inlined and contain no
+# calls and no integer division: either made the loop two to three times slower. They
+# need a power-of-two fanout (layout[2] >= 0); kernels send other fanouts (tests) to the
+# generic versions once, before their loop.
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _add_up(values, layout, level, node, delta):
+    """Add ``delta`` to every ancestor of ``node`` (a node of ``level``)."""
+    num_levels = layout[0]
+    shift = layout[2]
+    for k in range(level, num_levels - 1):
+        node >>= shift
+        values[layout[_HEADER + k + 1] + node] += delta
+    values[layout[_HEADER + num_levels]] += delta
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _resum_up(values, layout, level, node):
+    """Re-sum the parent of ``node`` (of ``level``, now exactly 0) from the parent's row,
+    and so on while the parents come out 0, so an empty subtree is exactly 0 all the way
+    up; the first parent that keeps mass passes its change up as a delta."""
+    num_levels = layout[0]
+    shift = layout[2]
+    for k in range(level, num_levels):
+        if k < num_levels - 1:
+            row = node >> shift
+            width = layout[1]
+        else:
+            row = 0
+            width = layout[_HEADER + num_levels] - layout[_HEADER + k]
+        parent = layout[_HEADER + k + 1] + row
+        start = layout[_HEADER + k] + row * width
+        total = values[start]
+        for c in range(1, width):
+            total += values[start + c]
+        delta = total - values[parent]
+        values[parent] = total
+        if total != 0.0:
+            if k + 1 < num_levels and delta != 0.0:
+                _add_up(values, layout, k + 1, row, delta)
+            return
+        node = row
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def sum_write(values, layout, leaf, value):
+    """Set one leaf of a sum tree; returns the change in the number of non-zero leaves.
+
+    A leaf set to 0 must also go through ``settle_emptied`` once the batch is written
+    (kept out of this loop, which it would slow down by half).
+    """
+    old = values[leaf]
+    if value == old:
+        return 0
+    values[leaf] = value
+    _add_up(values, layout, 0, leaf, value - old)
+    return (1 if value != 0.0 else 0) - (1 if old != 0.0 else 0)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def settle_emptied(values, layout, leaves, count):
+    """Re-sum the ancestors of the first ``count`` ``leaves`` that are still 0, so an
+    empty subtree is exactly 0 (deltas may leave it a rounding error away)."""
+    for j in range(count):
+        if values[leaves[j]] == 0.0:
+            _pass_up(values, layout, 0, leaves[j], 0.0, True)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def max_write(values, layout, leaf, value):
+    """Set one leaf of a max tree, walking up only while ancestors change."""
+    old = values[leaf]
+    if value == old:
+        return
+    values[leaf] = value
+    num_levels = layout[0]
+    shift = layout[2]
+    node = leaf
+    for k in range(num_levels):
+        if k < num_levels - 1:
+            row = node >> shift
+            width = layout[1]
+        else:
+            row = 0
+            width = layout[_HEADER + num_levels] - layout[_HEADER + k]
+        parent = layout[_HEADER + k + 1] + row
+        current = values[parent]
+        if value > current:
+            new = value
+        elif old == current:
+            # The old maximum left the row: take the row's maximum again.
+            start = layout[_HEADER + k] + row * width
+            new = values[start]
+            for c in range(1, width):
+                new = max(new, values[start + c])
+            if new == current:
+                return
+        else:
+            return
+        values[parent] = new
+        old = current
+        value = new
+        node = row
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def min_write(values, layout, leaf, value):
+    """Set one leaf of a min tree (``max_write`` mirrored)."""
+    old = values[leaf]
+    if value == old:
+        return
+    values[leaf] = value
+    num_levels = layout[0]
+    shift = layout[2]
+    node = leaf
+    for k in range(num_levels):
+        if k < num_levels - 1:
+            row = node >> shift
+            width = layout[1]
+        else:
+            row = 0
+            width = layout[_HEADER + num_levels] - layout[_HEADER + k]
+        parent = layout[_HEADER + k + 1] + row
+        current = values[parent]
+        if value < current:
+            new = value
+        elif old == current:
+            start = layout[_HEADER + k] + row * width
+            new = values[start]
+            for c in range(1, width):
+                new = min(new, values[start + c])
+            if new == current:
+                return
+        else:
+            return
+        values[parent] = new
+        old = current
+        value = new
+        node = row
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _sum_write_generic(values, layout, leaf, value):
+    """``sum_write`` for any fanout (one division per level)."""
+    old = values[leaf]
+    if value == old:
+        return 0
+    values[leaf] = value
+    node = leaf
+    delta = value - old
+    emptied = value == 0.0
+    for k in range(layout[0]):
+        row = _row(layout, k, node)
+        parent = layout[_HEADER + k + 1] + row
+        if emptied:
+            width = _width(layout, k)
+            total = _reduce(values, layout[_HEADER + k] + row * width, width, OP_SUM)
+            delta = total - values[parent]
+            values[parent] = total
+            emptied = total == 0.0
+        else:
+            values[parent] += delta
+        node = row
+    return (1 if value != 0.0 else 0) - (1 if old != 0.0 else 0)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _extreme_write_generic(values, layout, op, leaf, value):
+    """``max_write`` / ``min_write`` for any fanout."""
+    old = values[leaf]
+    if value == old:
+        return
+    values[leaf] = value
+    node = leaf
+    for k in range(layout[0]):
+        row = _row(layout, k, node)
+        parent = layout[_HEADER + k + 1] + row
+        current = values[parent]
+        if (value > current) if op == OP_MAX else (value < current):
+            new = value
+        elif old == current:
+            width = _width(layout, k)
+            new = _reduce(values, layout[_HEADER + k] + row * width, width, op)
+            if new == current:
+                return
+        else:
+            return
+        values[parent] = new
+        old = current
+        value = new
+        node = row
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _pass_up(values, layout, level, node, delta, emptied):
+    """Node ``node`` of ``level`` changed by ``delta`` (and is now 0 if ``emptied``)."""
+    if layout[2] < 0:
+        for k in range(level, layout[0]):
+            row = _row(layout, k, node)
+            parent = layout[_HEADER + k + 1] + row
+            if emptied:
+                width = _width(layout, k)
+                total = _reduce(values, layout[_HEADER + k] + row * width, width, OP_SUM)
+                delta = total - values[parent]
+                values[parent] = total
+                emptied = total == 0.0
+            else:
+                values[parent] += delta
+            node = row
+    elif emptied:
+        _resum_up(values, layout, level, node)
+    else:
+        _add_up(values, layout, level, node, delta)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def scrub(values, layout, state, rows):
+    """Re-sum ``rows`` nodes of level 1 exactly, continuing a post-order sweep.
+
+    The sweep's cursor (``state[STATE_CURSOR]``) walks level 1; when it finishes the last
+    child of a node, that node is re-summed too, and so on up to the root, so each node
+    is re-summed after its children. A re-summed node passes its correction to its
+    ancestors as a delta.
+    """
+    num_levels = layout[0]
+    if num_levels == 1:
+        values[layout[_HEADER + 1]] = _reduce(values, 0, _width(layout, 0), OP_SUM)
+        return
+    level1 = layout[_HEADER + 2] - layout[_HEADER + 1]
+    cursor = state[STATE_CURSOR]
+    for _ in range(rows):
+        node = cursor
+        k = 0  # re-sum `node` of level k + 1 from its row at level k
+        while True:
+            width = _width(layout, k)
+            parent = layout[_HEADER + k + 1] + node
+            total = _reduce(values, layout[_HEADER + k] + node * width, width, OP_SUM)
+            delta = total - values[parent]
+            values[parent] = total
+            if k + 1 == num_levels:
+                break
+            if total == 0.0 or delta != 0.0:
+                _pass_up(values, layout, k + 1, node, delta, total == 0.0)
+            if (
+                node
+                != _row(layout, k + 1, node) * _width(layout, k + 1) + _width(layout, k + 1) - 1
+            ):
+                break  # not the last child of its parent yet
+            node = _row(layout, k + 1, node)
+            k += 1
+        cursor = cursor + 1 if cursor + 1 < level1 else 0
+    state[STATE_CURSOR] = cursor
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def scrub_after(values, layout, state, writes):
+    """The sweep's share after ``writes`` leaf writes: one leaf re-summed per leaf written,
+    so every node is re-summed at least once per ``capacity`` leaf writes."""
+    if writes > 0:
+        scrub(values, layout, state, (writes + layout[1] - 1) // layout[1])
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def set_leaves(values, layout, state, op, idx, vals):
+    """Write ``vals`` at ``idx`` in order (for a repeated index the last value wins).
+
+    Returns the change in the number of non-zero leaves (sum trees), or ``BAD_INDEX`` /
+    ``BAD_VALUE`` (nothing written) when an index is out of range or a sum-tree value is
+    negative or not finite.
     """
     n = idx.shape[0]
+    capacity = layout[3]
     for j in range(n):
         if idx[j] < 0 or idx[j] >= capacity:
             return BAD_INDEX
         if op == OP_SUM and not (vals[j] >= 0.0 and vals[j] < math.inf):
             return BAD_VALUE
-    touched = np.empty(n, dtype=np.int64)
     nnz_delta = 0
-    for j in range(n):
-        i = idx[j]
-        v = vals[j]
-        nnz_delta += (1 if v != 0.0 else 0) - (1 if values[i] != 0.0 else 0)
-        values[i] = v
-        touched[j] = i
-    m = n
-    num_levels = widths.shape[0]
-    root = values.shape[0] - 1
-    for k in range(num_levels):
-        w = widths[k]
-        m_next = 0
-        for j in range(m):
-            r = touched[j] // w
-            slot = row_offsets[k] + r
-            if stamps[slot] == stamp:
-                continue
-            stamps[slot] = stamp
-            base = offsets[k] + r * w
+    if layout[2] < 0:
+        for j in range(n):
             if op == OP_SUM:
-                pbase = prefix_offsets[k] + r * (w + 1)
-                acc = 0.0
-                prefix[pbase] = 0.0
-                for c in range(w):
-                    acc += values[base + c]
-                    prefix[pbase + 1 + c] = acc
-            elif op == OP_MIN:
-                acc = values[base]
-                for c in range(1, w):
-                    acc = min(acc, values[base + c])
+                nnz_delta += _sum_write_generic(values, layout, idx[j], vals[j])
             else:
-                acc = values[base]
-                for c in range(1, w):
-                    acc = max(acc, values[base + c])
-            if k + 1 < num_levels:
-                values[offsets[k + 1] + r] = acc
-            else:
-                values[root] = acc
-            touched[m_next] = r
-            m_next += 1
-        m = m_next
+                _extreme_write_generic(values, layout, op, idx[j], vals[j])
+    elif op == OP_MAX:
+        for j in range(n):
+            max_write(values, layout, idx[j], vals[j])
+    elif op == OP_MIN:
+        for j in range(n):
+            min_write(values, layout, idx[j], vals[j])
+    else:
+        emptied = np.empty(n, dtype=np.int64)
+        count = 0
+        for j in range(n):
+            nnz_delta += sum_write(values, layout, idx[j], vals[j])
+            if vals[j] == 0.0:
+                emptied[count] = idx[j]
+                count += 1
+        settle_emptied(values, layout, emptied, count)
+    if op != OP_SUM:
+        return 0
+    scrub_after(values, layout, state, n)
+    state[STATE_NNZ] += nnz_delta
     return nnz_delta
 
 
-@numba.njit(cache=True, nogil=True)
-def find_sum_bound(values, prefix, prefix_offsets, widths, thresholds):
-    """Smallest leaf index whose inclusive prefix sum exceeds each threshold."""
-    n = thresholds.shape[0]
-    out = np.empty(n, dtype=np.int64)
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def find_sum_bound(values, layout, thresholds, out):
+    """Smallest leaf whose inclusive prefix sum exceeds each threshold, into ``out``.
+
+    Each level scans the chosen node's children left to right. A child of value <= 0 is
+    never entered (the running sum does not grow past the threshold on it), so an empty
+    subtree or a zero leaf is never chosen; a threshold at or past a row's sum (rounding)
+    takes the last child holding mass. Returns 0, or ``INCONSISTENT`` when a node holds
+    mass but none of its children does (rounding left over by deltas; the caller re-sums
+    the tree and searches again).
+    """
+    num_levels = layout[0]
+    fanout = layout[1]
     total = values[values.shape[0] - 1]
-    num_levels = widths.shape[0]
-    for q in range(n):
+    for q in range(thresholds.shape[0]):
         t = min(max(thresholds[q], 0.0), total)
         node = 0
         for k in range(num_levels - 1, -1, -1):
-            w = widths[k]
-            pbase = prefix_offsets[k] + node * (w + 1)
-            last = prefix[pbase + w]
-            if t >= last:
-                # Reached (or rounded past) the row's total: stop at the last child
-                # that holds mass, never on a zero leaf.
-                t = np.nextafter(last, -math.inf)
-            # Smallest c with prefix[pbase + 1 + c] > t; it exists since t < last.
-            lo = 0
-            hi = w - 1
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if prefix[pbase + 1 + mid] > t:
-                    hi = mid
-                else:
-                    lo = mid + 1
-            t -= prefix[pbase + lo]
-            node = node * w + lo
+            if k == num_levels - 1:
+                width = layout[_HEADER + num_levels] - layout[_HEADER + k]
+            else:
+                width = fanout
+            start = layout[_HEADER + k] + node * width
+            acc = 0.0
+            chosen = -1
+            for c in range(width):
+                running = acc + values[start + c]
+                if running > t:
+                    chosen = c
+                    break
+                acc = running
+            if chosen >= 0:
+                t -= acc
+            else:
+                chosen = width - 1
+                while chosen >= 0 and not values[start + chosen] > 0.0:
+                    chosen -= 1
+                if chosen < 0:
+                    return INCONSISTENT
+                # Stay at the top end of the last child that holds mass.
+                t = np.nextafter(values[start + chosen], -math.inf)
+            node = node * width + chosen
         out[q] = node
-    return out
+    return 0
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def prefix_sum(values, layout, indices, out):
+    """Sum of the leaves strictly before each index (an index of ``capacity``: the total)."""
+    num_levels = layout[0]
+    capacity = layout[3]
+    for q in range(indices.shape[0]):
+        node = indices[q]
+        if node == capacity:
+            out[q] = values[values.shape[0] - 1]
+            continue
+        acc = 0.0
+        for k in range(num_levels):
+            width = _width(layout, k)
+            row = _row(layout, k, node)
+            start = layout[_HEADER + k] + row * width
+            for c in range(node - row * width):
+                acc += values[start + c]
+            node = row
+        out[q] = acc

@@ -230,8 +230,8 @@ class ReplayBuffer(RingBuffer):
             ``ThroughputMonitor``...).
         storage_dir: memory-mapped storage directory (see ``RingBuffer``).
         seed: seed of the buffer's own random generator (saved in ``state_dict``).
-        tree_backend: force a segment-tree kernel (``"numba"``, ``"numpy"``,
-            ``"torch"``); the default follows the device.
+        tree_backend: force a segment-tree kernel (``"numba"`` or ``"torch"``); the
+            default follows the device.
     """
 
     ONE_MINUS = 1.0 - torch.finfo(torch.float32).eps
@@ -442,6 +442,8 @@ class ReplayBuffer(RingBuffer):
         """
         if not self._prioritized_sampling:
             raise ValueError("update_priority needs prioritized_sampling=True")
+        if self.sampler.fused:  # takes tensors or numpy arrays as they are, zero-copy
+            return self.sampler.update_priority(env_ids, positions, priorities)
         env_ids = torch.as_tensor(env_ids, dtype=torch.int64, device=self._device).reshape(-1)
         positions = torch.as_tensor(positions, dtype=torch.int64, device=self._device).reshape(-1)
         priorities = torch.as_tensor(priorities, device=self._device).reshape(-1)

@@ -3,29 +3,23 @@
 ALF keeps a binary tree and walks it level by level from Python: twenty small torch ops
 per update at 2^20 leaves, about 2 ms per call on a CPU. We keep ALF's interface
 (``tree[indices] = values``, ``tree[indices]``, ``summary()``, ``find_sum_bound``,
-``nnz``) on a ``fanout``-ary tree (32 by default, picked by measurement, see
-``bench/replay.py``): 2^20 leaves need four levels, and each level costs one gather of
-``[batch, fanout]`` rows and one row operation, whatever the size of the tree.
+``nnz``) on a ``fanout``-ary tree (16 by default, picked by measurement, see
+``docs/benchmarks.md``): 2^20 leaves need five levels.
 
 Layout: level 0 holds the leaves, level k+1 holds one node per row of ``fanout`` nodes of
 level k; the top level is a single row of at most ``fanout`` nodes and the root is its
 reduction. Leaves are padded (with the neutral element of the op) to a multiple of
 ``fanout ** (levels - 1)`` so every level divides into whole rows; that wastes less than
-the capacity itself.
+the capacity itself. A search scans the chosen node's children left to right, keeping a
+running sum; a child without mass never makes that sum exceed the threshold, so a search
+never stops on a zero leaf.
 
-The sum tree also stores, for every row of every level, the inclusive prefix sums of the
-row. A search then reads one row per level and compares, instead of accumulating; an
-update pays one row ``cumsum`` per level instead of a plain sum. Both prefix rows and
-parent values are recomputed from the children (never adjusted by deltas), so sums carry
-at most one rounding per level however many updates came before, and a node's value is
-bit-identical to the last prefix entry of its row of children. Because the prefix is a
-sequential float64 running sum, a zero leaf adds exactly nothing, so a search can never
-stop on a zero leaf.
+Two kernels drive the same layout:
 
-On CPU the kernels run on numpy views of the tensors (numpy costs about a microsecond per
-call, torch several) with ``torch.cumsum`` for the row prefix (numpy's row ``cumsum`` is
-not vectorized across rows); on other devices everything is torch. Both kernels implement
-the same algorithm, and the tests run both on CPU.
+* ``numba`` (CPU default): one compiled call per batch; sum trees are updated by deltas
+  with exact re-sums that bound the rounding (see ``_tree_kernels``);
+* ``torch`` (any device, CUDA's kernel; tested on CPU too): level by level, each parent
+  recomputed from its children.
 """
 
 from __future__ import annotations
@@ -35,17 +29,18 @@ import math
 import numpy as np
 import torch
 
-try:  # Optional compiled CPU kernels; numpy kernels are used without numba.
+try:  # numba is a dependency; without it (a broken install) trees fall back to torch.
     from storage import _tree_kernels
 except ImportError:  # pragma: no cover - exercised where numba is absent
     _tree_kernels = None
 
-DEFAULT_FANOUT = 32
+DEFAULT_FANOUT = 16
 _OP_CODES = {"sum": 0, "min": 1, "max": 2}
 
 _NEUTRAL = {"sum": 0.0, "min": math.inf, "max": -math.inf}
 _OP_NAMES = {torch.add: "sum", torch.min: "min", torch.max: "max"}
-_NUMPY_REDUCE = {"sum": np.add.reduce, "min": np.minimum.reduce, "max": np.maximum.reduce}
+
+BACKENDS = ("numba", "torch")
 
 
 class SegmentTree:
@@ -57,9 +52,9 @@ class SegmentTree:
             ``torch.max`` are accepted too).
         dtype: dtype of the values handed back by ``__getitem__`` and ``summary()``;
             nodes are float64 inside whatever this is.
-        device: where the tree lives; CPU trees use the numpy kernel.
+        device: where the tree lives; CPU trees use the numba kernel.
         fanout: children per node.
-        backend: ``"numpy"`` or ``"torch"``; defaults by device (tests force ``"torch"``
+        backend: ``"numba"`` or ``"torch"``; defaults by device (tests force ``"torch"``
             on CPU to exercise the CUDA code path).
     """
 
@@ -81,11 +76,11 @@ class SegmentTree:
         if op not in _NEUTRAL:
             raise ValueError(f"unsupported op {op!r}")
         self._op = op
+        self._op_code = _OP_CODES[op]
         self._name = name
         self._capacity = int(capacity)
         self._fanout = int(fanout)
         self._dtype = dtype
-        self._keeps_prefix = op == "sum"
 
         num_levels = 1
         while fanout**num_levels < self._capacity:
@@ -94,18 +89,20 @@ class SegmentTree:
         self._level_sizes = [padded // fanout**k for k in range(num_levels)]
         # Row width per level: fanout, except the top level, which is one row.
         self._widths = [fanout] * (num_levels - 1) + [self._level_sizes[-1]]
+        # The last offset is the root's slot.
         self._offsets = np.concatenate([[0], np.cumsum(self._level_sizes)]).tolist()
-        # Prefix rows carry a leading 0 column, so "sum before child j" is column j.
-        prefix_sizes = [
-            n // w * (w + 1) for n, w in zip(self._level_sizes, self._widths, strict=True)
-        ]
-        self._prefix_offsets = np.concatenate([[0], np.cumsum(prefix_sizes)]).tolist()
-        self._nnz = 0
+        self._layout = (
+            _tree_kernels.make_layout(num_levels, fanout, self._capacity, self._offsets)
+            if _tree_kernels is not None
+            else None
+        )
+        # [scrub cursor, number of non-zero leaves] (see _tree_kernels.STATE_*).
+        self._state = np.zeros(2, dtype=np.int64)
         self._place(torch.device(device), backend)
         self.clear()
 
     # ----------------------------------------------------------------- structure
-    def _place(self, device: torch.device, backend: str | None, values=None, prefix=None):
+    def _place(self, device: torch.device, backend: str | None, values=None):
         if backend is None:
             backend = default_backend(device)
         if backend not in BACKENDS:
@@ -123,37 +120,12 @@ class SegmentTree:
             if values is not None
             else torch.zeros(size + 1, dtype=torch.float64, device=device)
         )
-        if self._keeps_prefix:
-            self._prefix = (
-                prefix.to(device)
-                if prefix is not None
-                else torch.zeros(self._prefix_offsets[-1], dtype=torch.float64, device=device)
-            )
-        on_host = backend != "torch"
-        flat = self._values.numpy() if on_host else self._values
         self._levels = [
-            flat[self._offsets[k] : self._offsets[k + 1]].reshape(-1, self._widths[k])
+            self._values[self._offsets[k] : self._offsets[k + 1]].reshape(-1, self._widths[k])
             for k in range(len(self._level_sizes))
         ]
-        self._root = flat[-1:]
-        if self._keeps_prefix:
-            pflat = self._prefix.numpy() if on_host else self._prefix
-            self._prefix_levels = [
-                pflat[self._prefix_offsets[k] : self._prefix_offsets[k + 1]].reshape(
-                    -1, self._widths[k] + 1
-                )
-                for k in range(len(self._level_sizes))
-            ]
-        self._flat_values = flat
-        self._flat_prefix = pflat if self._keeps_prefix else np.zeros(1)
-        self._np_offsets = np.asarray(self._offsets, dtype=np.int64)
-        self._np_prefix_offsets = np.asarray(self._prefix_offsets, dtype=np.int64)
-        self._np_widths = np.asarray(self._widths, dtype=np.int64)
-        rows_per_level = [n // w for n, w in zip(self._level_sizes, self._widths, strict=True)]
-        self._np_row_offsets = np.concatenate([[0], np.cumsum(rows_per_level)]).astype(np.int64)
-        # Scratch for the numba kernel's row deduplication (see _tree_kernels.set_leaves).
-        self._stamps = np.full(int(self._np_row_offsets[-1]), -1, dtype=np.int64)
-        self._stamp = 0
+        self._root = self._values[-1:]
+        self._host = self._values.numpy() if backend == "numba" else None
 
     @property
     def capacity(self) -> int:
@@ -179,43 +151,60 @@ class SegmentTree:
     def backend(self) -> str:
         return self._backend
 
+    def kernel_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(values, layout, state)`` for a fused numba kernel (numba backend only).
+
+        A caller that writes leaves through ``_tree_kernels.sum_write`` /
+        ``extreme_write`` must add the non-zero count change to ``state[STATE_NNZ]``.
+        """
+        if self._backend != "numba":
+            raise ValueError("kernel_arrays needs the numba backend")
+        return self._host, self._layout, self._state
+
     def clear(self) -> None:
         """Set every leaf to zero."""
         self._values.fill_(_NEUTRAL[self._op])
         self._values[: self._capacity] = 0.0
-        self._rebuild()
+        self.resum()
 
-    def _rebuild(self) -> None:
-        """Recompute every internal node (and prefix row) from the leaves: O(capacity)."""
-        values = self._values
-        for k, size in enumerate(self._level_sizes):
-            rows = values[self._offsets[k] : self._offsets[k] + size].reshape(-1, self._widths[k])
-            if self._keeps_prefix:
-                prefix = torch.cumsum(rows, dim=1)
-                padded = torch.nn.functional.pad(prefix, (1, 0))
-                start = self._prefix_offsets[k]
-                self._prefix[start : self._prefix_offsets[k + 1]] = padded.reshape(-1)
-                reduced = prefix[:, -1]
+    def resum(self) -> None:
+        """Recompute every internal node from the leaves (O(capacity)).
+
+        The numba kernel's sums then carry no rounding from earlier deltas: two trees with
+        the same leaves hold bit-identical nodes after ``resum`` and stay so under the
+        same updates (``state_dict`` relies on it).
+        """
+        if self._backend == "numba":
+            _tree_kernels.resum(self._host, self._layout, self._op_code)
+        else:
+            self._rebuild_torch()
+        self._state[0] = 0
+        self._state[1] = int(torch.count_nonzero(self._values[: self._capacity]))
+
+    def _rebuild_torch(self) -> None:
+        top = len(self._levels) - 1
+        for k, level in enumerate(self._levels):
+            if self._op == "sum":
+                reduced = level.sum(dim=1)
             elif self._op == "min":
-                reduced = rows.amin(dim=1)
+                reduced = level.amin(dim=1)
             else:
-                reduced = rows.amax(dim=1)
-            start = self._offsets[k + 1] if k + 1 < len(self._level_sizes) else self._offsets[-1]
-            values[start : start + reduced.shape[0]] = reduced
-        self._nnz = int(torch.count_nonzero(values[: self._capacity]))
+                reduced = level.amax(dim=1)
+            target = self._root if k == top else self._levels[k + 1].reshape(-1)
+            target.copy_(reduced)
 
     # ------------------------------------------------------------------- updates
     def __setitem__(self, indices, values):
-        """Set leaves and recompute their ancestors.
+        """Set leaves and update their ancestors.
 
         ``values`` may be a scalar. Duplicate indices in one call: the value given last
         wins, and the leaf counts once (in ``nnz`` as everywhere else).
         """
-        if self._backend != "torch":
+        if self._backend == "numba":
             idx = _numpy_of(indices, np.int64)
             vals = _numpy_of(values, np.float64)
             if vals.size == 1 and idx.size != 1:
-                vals = np.broadcast_to(vals.reshape(()), idx.shape)
+                vals = np.full(idx.shape, vals[0])
         else:
             idx = torch.as_tensor(indices, dtype=torch.int64, device=self._device).reshape(-1)
             vals = torch.as_tensor(values, dtype=torch.float64, device=self._device).reshape(-1)
@@ -229,77 +218,15 @@ class SegmentTree:
         if idx.shape[0] == 0:
             return
         if self._backend == "numba":
-            self._stamp += 1
             result = _tree_kernels.set_leaves(
-                self._flat_values,
-                self._flat_prefix,
-                self._np_offsets,
-                self._np_prefix_offsets,
-                self._np_widths,
-                self._np_row_offsets,
-                self._stamps,
-                self._stamp,
-                _OP_CODES[self._op],
-                self._capacity,
-                idx,
-                np.ascontiguousarray(vals),
+                self._host, self._layout, self._state, self._op_code, idx, vals
             )
             if result == _tree_kernels.BAD_INDEX:
                 raise IndexError(f"{self._name}: indices must lie in [0, {self._capacity})")
             if result == _tree_kernels.BAD_VALUE:
                 raise ValueError(f"{self._name}: sum-tree leaves must be finite and >= 0")
-            self._nnz += result
-        elif self._backend == "numpy":
-            self._set_numpy(idx, vals)
         else:
             self._set_torch(idx, vals)
-
-    def _set_numpy(self, idx, vals):
-        if idx.min() < 0 or idx.max() >= self._capacity:
-            raise IndexError(f"{self._name}: indices must lie in [0, {self._capacity})")
-        if idx.shape[0] > 1:
-            order = idx.argsort(kind="stable")
-            idx = idx.take(order)
-            last_of_run = np.empty(idx.shape[0], dtype=bool)
-            np.not_equal(idx[1:], idx[:-1], out=last_of_run[:-1])
-            last_of_run[-1] = True
-            idx = idx[last_of_run]
-            vals = vals.take(order)[last_of_run]
-        self._check_values(vals)
-        leaves = self._levels[0].reshape(-1)
-        if self._keeps_prefix:
-            self._nnz += int(np.count_nonzero(vals)) - int(np.count_nonzero(leaves.take(idx)))
-        leaves[idx] = vals
-        top = len(self._levels) - 1
-        for k in range(top + 1):
-            width = self._widths[k]
-            level = self._levels[k]
-            if k == top:
-                children = level
-            else:
-                rows = idx // width
-                if level.shape[0] < 4 * rows.shape[0]:
-                    # idx is sorted, so repeated rows are adjacent: near the top of the
-                    # tree most rows repeat, and dropping them beats recomputing them.
-                    keep = np.empty(rows.shape[0], dtype=bool)
-                    keep[0] = True
-                    np.not_equal(rows[1:], rows[:-1], out=keep[1:])
-                    rows = rows[keep]
-                children = level.take(rows, axis=0)
-            if self._keeps_prefix:
-                prefix = torch.cumsum(torch.from_numpy(children), dim=1).numpy()
-                if k == top:
-                    self._prefix_levels[k][0, 1:] = prefix[0]
-                else:
-                    self._prefix_levels[k][rows, 1:] = prefix
-                reduced = prefix[:, -1]
-            else:
-                reduced = _NUMPY_REDUCE[self._op](children, axis=1)
-            if k == top:
-                self._root[0] = reduced[0]
-            else:
-                self._levels[k + 1].reshape(-1)[rows] = reduced
-                idx = rows
 
     def _set_torch(self, idx, vals):
         if bool((idx.min() < 0) | (idx.max() >= self._capacity)):
@@ -313,18 +240,16 @@ class SegmentTree:
             vals = vals[last_of_run]
         self._check_values(vals)
         leaves = self._levels[0].reshape(-1)
-        if self._keeps_prefix:
-            self._nnz += int((vals != 0).sum() - (leaves[idx] != 0).sum())
+        if self._op == "sum":
+            self._state[1] += int((vals != 0).sum() - (leaves[idx] != 0).sum())
         leaves[idx] = vals
         top = len(self._levels) - 1
         for k in range(top + 1):
             # Repeated rows recompute identical values, so they need no deduplication.
-            rows = idx // self._widths[k]
+            rows = idx // self._widths[k] if k < top else idx[:1] * 0
             children = self._levels[k][rows]
-            if self._keeps_prefix:
-                prefix = torch.cumsum(children, dim=1)
-                self._prefix_levels[k][rows, 1:] = prefix
-                reduced = prefix[:, -1]
+            if self._op == "sum":
+                reduced = children.sum(dim=1)
             elif self._op == "min":
                 reduced = children.amin(dim=1)
             else:
@@ -332,7 +257,7 @@ class SegmentTree:
             if k < top:
                 self._levels[k + 1].reshape(-1)[rows] = reduced
             else:
-                self._root[0] = reduced[0]
+                self._root.copy_(reduced)
             idx = rows
 
     def _check_values(self, vals) -> None:
@@ -356,6 +281,8 @@ class SegmentTree:
 
     def total(self) -> float:
         """``op`` over every leaf at float64 precision, as a Python float."""
+        if self._host is not None:
+            return float(self._host[-1])
         return float(self._values[-1])
 
     def leaves(self) -> torch.Tensor:
@@ -367,9 +294,9 @@ class SegmentTree:
         vals = torch.as_tensor(values, dtype=torch.float64, device=self._device).reshape(-1)
         if vals.shape[0] != self._capacity:
             raise ValueError(f"expected {self._capacity} values, got {vals.shape[0]}")
-        self._check_values(vals.numpy() if self._backend != "torch" else vals)
+        self._check_values(vals)
         self._values[: self._capacity] = vals
-        self._rebuild()
+        self.resum()
 
     # --------------------------------------------------------------------- state
     def state_dict(self) -> dict:
@@ -386,12 +313,8 @@ class SegmentTree:
 
     def to(self, device, backend: str | None = None) -> SegmentTree:
         """Move the tree to ``device``; the kernel follows the device unless given."""
-        self._place(
-            torch.device(device),
-            backend,
-            self._values,
-            self._prefix if self._keeps_prefix else None,
-        )
+        self._place(torch.device(device), backend, self._values)
+        self.resum()
         return self
 
     def __repr__(self) -> str:
@@ -410,14 +333,10 @@ class SumSegmentTree(SegmentTree):
     @property
     def nnz(self) -> int:
         """Number of non-zero leaves."""
-        return self._nnz
+        return int(self._state[1])
 
     def _check_values(self, vals) -> None:
-        if isinstance(vals, np.ndarray):
-            ok = bool(vals.min() >= 0 and vals.max() < np.inf)
-        else:
-            ok = bool((torch.isfinite(vals) & (vals >= 0)).all())
-        if not ok:
+        if not bool((torch.isfinite(vals) & (vals >= 0)).all()):
             raise ValueError(f"{self._name}: sum-tree leaves must be finite and >= 0")
 
     def find_sum_bound(self, thresholds) -> torch.Tensor:
@@ -429,10 +348,10 @@ class SumSegmentTree(SegmentTree):
         Raises:
             ValueError: if a threshold is above ``summary()``, or every leaf is zero.
         """
-        total = self._values[-1].item()
+        total = self.total()
         if not total > 0:
             raise ValueError(f"{self._name}: find_sum_bound on a tree whose leaves are all 0")
-        if self._backend != "torch":
+        if self._backend == "numba":
             given = (
                 thresholds.detach().numpy()
                 if isinstance(thresholds, torch.Tensor)
@@ -456,54 +375,37 @@ class SumSegmentTree(SegmentTree):
             )
         shape = tuple(given.shape)
         if self._backend == "numba":
-            t = given.astype(np.float64).reshape(-1)
-            found = _tree_kernels.find_sum_bound(
-                self._flat_values, self._flat_prefix, self._np_prefix_offsets, self._np_widths, t
-            )
+            found = self.find_host(given.reshape(-1).astype(np.float64, copy=False))
             return torch.from_numpy(found.reshape(shape))
-        if self._backend == "numpy":
-            t = given.astype(np.float64).reshape(-1)
-            return torch.from_numpy(self._find_numpy(t, total).reshape(shape))
         found = self._find_torch(given.reshape(-1).to(torch.float64), total)
         return found.reshape(shape)
 
-    def _find_numpy(self, t, total):
-        """Descend one row per level; ``t`` becomes the remainder inside each node."""
-        np.clip(t, 0.0, total, out=t)
-        n = t.shape[0]
-        top = len(self._levels) - 1
-        row_base = np.arange(n, dtype=np.int64)
-        t_col = torch.from_numpy(t).unsqueeze(1)
-        top_row = self._prefix_levels[top][0]
-        # A threshold at (or, after rounding, past) its row's total would find no child;
-        # capping it just below that total picks the last child holding mass instead.
-        np.minimum(t, np.nextafter(top_row[-1], -np.inf), out=t)
-        # Padded rows start with 0, so "entries <= t" counts one more than the child.
-        node = np.searchsorted(top_row, t, side="right") - 1
-        t -= top_row.take(node)
-        for k in range(top - 1, -1, -1):
-            width = self._widths[k]
-            padded = width + 1
-            rows = self._prefix_levels[k].take(node, axis=0)
-            np.minimum(t, np.nextafter(rows[:, -1], -np.inf), out=t)
-            child = torch.searchsorted(torch.from_numpy(rows), t_col, right=True).numpy()
-            child = child.reshape(-1) - 1
-            t -= rows.reshape(-1).take(row_base * padded + child)
-            node *= width
-            node += child
-        return node
+    def find_host(self, thresholds: np.ndarray) -> np.ndarray:
+        """``find_sum_bound`` for checked numpy thresholds (numba backend), as numpy."""
+        out = np.empty(thresholds.shape[0], dtype=np.int64)
+        if _tree_kernels.find_sum_bound(self._host, self._layout, thresholds, out) != 0:
+            # Rounding left by deltas made a node's mass disagree with its children's;
+            # exact sums cannot, so search those.
+            self.resum()
+            if _tree_kernels.find_sum_bound(self._host, self._layout, thresholds, out) != 0:
+                raise RuntimeError(f"{self._name}: inconsistent tree after an exact re-sum")
+        return out
 
     def _find_torch(self, t, total):
         t = t.clamp(0.0, total)
         n = t.shape[0]
         node = torch.zeros(n, dtype=torch.int64, device=self._device)
-        rows_arange = torch.arange(n, device=self._device)
         for k in range(len(self._levels) - 1, -1, -1):
             width = self._widths[k]
-            rows = self._prefix_levels[k][node]
-            t = torch.minimum(t, torch.nextafter(rows[:, -1], torch.zeros_like(t)))
-            child = torch.argmax((rows[:, 1:] > t[:, None]).to(torch.uint8), dim=1)
-            t = t - rows[rows_arange, child]
+            cum = torch.cumsum(self._levels[k][node], dim=1)
+            # A threshold at (or, after rounding, past) the row's sum would find no child;
+            # capping it just below that sum picks the last child holding mass instead.
+            t = torch.minimum(t, torch.nextafter(cum[:, -1], torch.zeros_like(t)))
+            # A zero child repeats its left neighbour's running sum, so it is never the
+            # first running sum above t.
+            child = (cum <= t[:, None]).sum(dim=1)
+            before = cum.gather(1, (child - 1).clamp(min=0)[:, None]).squeeze(1)
+            t = t - torch.where(child > 0, before, torch.zeros_like(before))
             node = node * width + child
         return node
 
@@ -512,15 +414,20 @@ class SumSegmentTree(SegmentTree):
         idx = torch.as_tensor(indices, dtype=torch.int64, device=self._device).reshape(-1)
         if idx.numel() and bool((idx.min() < 0) | (idx.max() > self._capacity)):
             raise IndexError(f"{self._name}: prefix indices must lie in [0, {self._capacity}]")
+        if self._backend == "numba":
+            out = np.empty(idx.shape[0], dtype=np.float64)
+            _tree_kernels.prefix_sum(self._host, self._layout, idx.numpy(), out)
+            return torch.from_numpy(out)
         whole = idx == self._capacity
         node = torch.where(whole, torch.zeros_like(idx), idx)
         total = torch.zeros(idx.shape, dtype=torch.float64, device=self._device)
-        for k in range(len(self._levels)):
+        for k, level in enumerate(self._levels):
             width = self._widths[k]
-            start, end = self._prefix_offsets[k], self._prefix_offsets[k + 1]
-            level = self._prefix[start:end].reshape(-1, width + 1)
-            total += level[node // width, node % width]
-            node = node // width
+            row, col = node // width, node % width
+            cum = torch.cumsum(level[row], dim=1)
+            before = cum.gather(1, (col - 1).clamp(min=0)[:, None]).squeeze(1)
+            total += torch.where(col > 0, before, torch.zeros_like(before))
+            node = row
         return torch.where(whole, self._values[-1].expand_as(total), total)
 
 
@@ -538,14 +445,11 @@ class MaxSegmentTree(SegmentTree):
         super().__init__(capacity, "max", dtype=dtype, device=device, name=name, **kw)
 
 
-BACKENDS = ("numba", "numpy", "torch")
-
-
 def default_backend(device) -> str:
-    """numba on CPU when installed, else numpy on CPU; torch on any other device."""
+    """numba on CPU (torch if numba failed to import); torch on any other device."""
     if torch.device(device).type != "cpu":
         return "torch"
-    return "numba" if _tree_kernels is not None else "numpy"
+    return "numba" if _tree_kernels is not None else "torch"
 
 
 def available_backends(device="cpu") -> list[str]:
