@@ -2,18 +2,20 @@
 
 Entry points: :func:`make` (algorithms by name), :func:`make_transformer` (data transformers),
 and the data conventions in :mod:`algorithms.data`.
+
+The names below load on first use (PEP 562), so that importing a torch-free submodule such as
+:mod:`algorithms.steps` (what an env runner needs) does not import torch.
 """
 
-from algorithms.data import (
-    AlgStep,
-    Experience,
-    LossInfo,
-    StepType,
-    TimeStep,
-    TrainResult,
-    make_experience,
-)
-from algorithms.registry import algorithm_names, hyperparameters, make
+import importlib
+
+_EXPORTS = {
+    "AlgStep": "algorithms.data", "Experience": "algorithms.data",
+    "LossInfo": "algorithms.data", "StepType": "algorithms.steps",
+    "TimeStep": "algorithms.steps", "TrainResult": "algorithms.data",
+    "make_experience": "algorithms.data", "algorithm_names": "algorithms.registry",
+    "hyperparameters": "algorithms.registry", "make": "algorithms.registry",
+}
 
 
 def make_transformer(name: str, observation_space=None, **kwargs):
@@ -23,7 +25,10 @@ def make_transformer(name: str, observation_space=None, **kwargs):
     return _make(name, observation_space, **kwargs)
 
 
-__all__ = [
-    "AlgStep", "Experience", "LossInfo", "StepType", "TimeStep", "TrainResult",
-    "algorithm_names", "hyperparameters", "make", "make_experience", "make_transformer",
-]
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'algorithms' has no attribute {name!r}")
+
+
+__all__ = [*_EXPORTS, "make_transformer"]

@@ -53,13 +53,25 @@ class RLAlgorithm(nn.Module):
         # Counters are buffers so they travel with state_dict() / checkpoints.
         self.register_buffer("train_steps", torch.zeros((), dtype=torch.int64))
         self.register_buffer("rollout_env_steps", torch.zeros((), dtype=torch.int64))
-        self._optimizers: dict[str, torch.optim.Optimizer] = {}
+        self._optimizer_specs: dict[str, tuple[list, float, dict]] = {}
+        self._optimizers: dict[str, torch.optim.Optimizer] | None = None
 
     # ----- construction helpers -------------------------------------------------------------
-    def _add_optimizer(self, name: str, params, lr: float, **kwargs) -> torch.optim.Optimizer:
-        opt = torch.optim.Adam(list(params), lr=lr, **kwargs)
-        self._optimizers[name] = opt
-        return opt
+    def _add_optimizer(self, name: str, params, lr: float, **kwargs) -> None:
+        """Declare an Adam optimizer over ``params``; it is built on first use (see
+        :attr:`optimizers`)."""
+        self._optimizer_specs[name] = (list(params), lr, kwargs)
+        self._optimizers = None
+
+    @property
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """The optimizers, built when first needed. Why lazily: a process that only acts (the
+        unroller, the evaluator) never trains, and the first ``torch.optim`` optimizer of a
+        process imports ``torch._dynamo``, 1.3-2.4 s of CPU at every node start."""
+        if self._optimizers is None:
+            self._optimizers = {name: torch.optim.Adam(params, lr=lr, **kwargs)
+                                for name, (params, lr, kwargs) in self._optimizer_specs.items()}
+        return self._optimizers
 
     # ----- input conversion -----------------------------------------------------------------
     def _obs(self, x) -> torch.Tensor:
@@ -108,14 +120,15 @@ class RLAlgorithm(nn.Module):
         loss = importance_weighted_mean(loss_info.loss, importance_weights)
         if isinstance(loss_info.scalar_loss, torch.Tensor):
             loss = loss + loss_info.scalar_loss
-        for opt in self._optimizers.values():
+        optimizers = self.optimizers.values()
+        for opt in optimizers:
             opt.zero_grad(set_to_none=True)
         loss.backward()
         if self.max_grad_norm:
-            for opt in self._optimizers.values():
+            for opt in optimizers:
                 nn.utils.clip_grad_norm_(
                     [p for g in opt.param_groups for p in g["params"]], self.max_grad_norm)
-        for opt in self._optimizers.values():
+        for opt in optimizers:
             opt.step()
         self.train_steps += 1
         return float(loss.detach())
@@ -160,13 +173,15 @@ class RLAlgorithm(nn.Module):
         containers of tensors and numbers, loadable with ``torch.load(weights_only=True)``."""
         return {
             "module": {k: v.detach().cpu().clone() for k, v in self.state_dict().items()},
-            "optimizers": {k: _to_cpu(opt.state_dict()) for k, opt in self._optimizers.items()},
+            # Optimizers never built (a process that only acts) have no state to keep.
+            "optimizers": {k: _to_cpu(opt.state_dict())
+                           for k, opt in (self._optimizers or {}).items()},
         }
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         self.load_state_dict(state["module"])
-        for k, opt in self._optimizers.items():
-            opt.load_state_dict(state["optimizers"][k])
+        for k, opt_state in state["optimizers"].items():
+            self.optimizers[k].load_state_dict(opt_state)
 
     @staticmethod
     @torch.no_grad()

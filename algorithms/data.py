@@ -21,44 +21,13 @@ observation. No multi-step target crosses ``LAST -> FIRST``.
 
 from __future__ import annotations
 
-from enum import IntEnum
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-
-class StepType(IntEnum):
-    """Position of a time step in its episode (ALF's values)."""
-
-    FIRST = 0
-    MID = 1
-    LAST = 2
-
-
-class TimeStep(NamedTuple):
-    """What an environment batch returns for one step; every field is ``[B, ...]``.
-
-    step_type: ``StepType`` as int (int32 or int64).
-    reward: reward of the transition that arrived here (0 on FIRST), float32.
-    discount: 0 on termination, 1 otherwise (truncation keeps 1), float32.
-    observation: float32 observation (the final observation on LAST).
-    prev_action: the action that led here.
-    env_id: int index of each environment.
-    """
-
-    step_type: Any = ()
-    reward: Any = ()
-    discount: Any = ()
-    observation: Any = ()
-    prev_action: Any = ()
-    env_id: Any = ()
-
-    def is_first(self) -> torch.Tensor:
-        return self.step_type == StepType.FIRST
-
-    def is_last(self) -> torch.Tensor:
-        return self.step_type == StepType.LAST
+# Re-exported: the data conventions of the package are read from this module.
+from algorithms.steps import StepType, TimeStep  # noqa: F401
 
 
 class AlgStep(NamedTuple):
@@ -154,6 +123,8 @@ def to_tensor(x: Any, device: torch.device | str = "cpu", dtype: torch.dtype | N
     if isinstance(x, torch.Tensor):
         return x.to(device=device, dtype=dtype or x.dtype)
     arr = np.asarray(x)
+    if not arr.flags.writeable:  # a view of a received message: torch must not alias it
+        arr = arr.copy()
     t = torch.from_numpy(arr) if arr.dtype != object else torch.as_tensor(arr)
     return t.to(device=device, dtype=dtype or t.dtype)
 

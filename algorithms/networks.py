@@ -201,7 +201,8 @@ class SquashedNormal(td.TransformedDistribution):
     """``Normal(loc, scale)`` squashed by tanh and scaled into ``[low, high]`` (SAC's policy)."""
 
     def __init__(self, loc, scale, action_scale, action_bias):
-        base = td.Independent(td.Normal(loc, scale), 1)
+        base = td.Independent(td.Normal(loc, scale, validate_args=False), 1,
+                              validate_args=False)
         transforms = [td.TanhTransform(cache_size=1),
                       td.AffineTransform(action_bias, action_scale, event_dim=1, cache_size=1)]
         super().__init__(base, transforms, validate_args=False)
@@ -250,14 +251,15 @@ class ActorDistributionNetwork(nn.Module):
     def forward(self, obs) -> td.Distribution:
         h = self.head(self.encoder(obs))
         if self.discrete:
-            return td.Categorical(logits=h)
+            return td.Categorical(logits=h, validate_args=False)
         if self.projection == "tanh_normal":
             mean, log_std = h.chunk(2, -1)
             lo, hi = self.log_std_bounds
             log_std = lo + 0.5 * (hi - lo) * (torch.tanh(log_std) + 1)
             return SquashedNormal(mean, log_std.exp(), self.scaler.scale, self.scaler.bias)
         mean = h
-        return td.Independent(td.Normal(mean, self.log_std.exp().expand_as(mean)), 1)
+        return td.Independent(td.Normal(mean, self.log_std.exp().expand_as(mean),
+                                        validate_args=False), 1, validate_args=False)
 
 
 def distribution_mode(dist: td.Distribution) -> torch.Tensor:

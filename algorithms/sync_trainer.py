@@ -15,60 +15,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, fields
 
-import gymnasium as gym
 import numpy as np
 import torch
 
 from algorithms.data import AlgStep, Experience, StepType, TimeStep
-
-
-def make_vector_env(env_id: str, num_envs: int, seed: int | None = None) -> gym.vector.VectorEnv:
-    """Synchronous vector env with ``NEXT_STEP`` autoreset (the pipeline's convention)."""
-    env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
-                       vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP})
-    env.action_space.seed(seed)
-    return env
-
-
-class VectorEnvStepper:
-    """Turns a ``NEXT_STEP`` vector env into ALF ``TimeStep``s (numpy ``[B, ...]``).
-
-    After a step that returned terminated/truncated (LAST), the env's next step resets it: that
-    step is FIRST with reward 0 and discount 1, whatever the env reported.
-    """
-
-    def __init__(self, env: gym.vector.VectorEnv, seed: int | None = None):
-        self.env = env
-        self.num_envs = env.num_envs
-        self._seed = seed
-        self._was_last = np.zeros(self.num_envs, dtype=bool)
-        self._env_id = np.arange(self.num_envs, dtype=np.int64)
-
-    def _prev_action_zeros(self):
-        space = self.env.single_action_space
-        return np.zeros((self.num_envs, *space.shape), dtype=space.dtype)
-
-    def reset(self) -> TimeStep:
-        obs, _ = self.env.reset(seed=self._seed)
-        self._was_last[:] = False
-        n = self.num_envs
-        return TimeStep(np.full(n, StepType.FIRST, np.int64), np.zeros(n, np.float32),
-                        np.ones(n, np.float32), obs.astype(np.float32),
-                        self._prev_action_zeros(), self._env_id)
-
-    def step(self, action: np.ndarray) -> TimeStep:
-        space = self.env.single_action_space
-        if isinstance(space, gym.spaces.Box):
-            action = np.clip(action, space.low, space.high)
-        obs, reward, terminated, truncated, _ = self.env.step(action)
-        first = self._was_last
-        last = (terminated | truncated) & ~first
-        step_type = np.where(first, StepType.FIRST, np.where(last, StepType.LAST, StepType.MID))
-        discount = np.where(last & terminated, 0.0, 1.0).astype(np.float32)
-        reward = np.where(first, 0.0, reward).astype(np.float32)
-        self._was_last = last
-        return TimeStep(step_type.astype(np.int64), reward, discount, obs.astype(np.float32),
-                        np.asarray(action), self._env_id)
+from algorithms.steps import VectorEnvStepper, make_vector_env
 
 
 class TinyReplay:

@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 import gymnasium as gym
 import numpy as np
 
-from algorithms.data import StepType, TimeStep
-from algorithms.sync_trainer import VectorEnvStepper
+from algorithms.steps import StepType, TimeStep, VectorEnvStepper
 from nodes.messages import Metrics, TimeStepBatch
 
 log = logging.getLogger(__name__)
@@ -104,9 +103,9 @@ async def _step_group(config: Config, bus, group: int, policy, metrics, stats: E
         while not bus.stopping.is_set():
             waited_from = time.perf_counter()
             try:
-                reply = await _request_unless_stopping(
-                    policy, TimeStepBatch(bus.context.instance, env_offset, ts._asdict()),
-                    config.request_timeout_s, bus.stopping)
+                reply = await policy.request(
+                    TimeStepBatch(bus.context.instance, env_offset, ts._asdict()),
+                    config.request_timeout_s)
             except TimeoutError as exc:  # the unroller is restarting: ask again, same step
                 log.warning("%s: %s; asking again", bus.context.instance, exc)
                 continue
@@ -151,25 +150,51 @@ async def run(config: Config, bus, ready) -> dict:
     if config.env_groups < 1 or config.num_envs % config.env_groups:
         raise ValueError(f"num_envs ({config.num_envs}) must be a multiple of env_groups "
                          f"({config.env_groups})")
-    policy = bus.client("policy")
+    policy = _StopAwareRequests(bus.client("policy"), bus.stopping)
     metrics = bus.publisher("metrics") if bus.publishes("metrics") else None
     stats = EpisodeStats(config.num_envs)
     counters = _Counters()
     ready()
-    await asyncio.gather(*(_step_group(config, bus, g, policy, metrics, stats, counters)
-                           for g in range(config.env_groups)))
+    try:
+        await asyncio.gather(*(_step_group(config, bus, g, policy, metrics, stats, counters)
+                               for g in range(config.env_groups)))
+    finally:
+        policy.close()
     return {"steps": counters.steps, "episodes": stats.episodes,
             "failures": counters.failures}
 
 
-async def _request_unless_stopping(client, msg, timeout: float, stopping: asyncio.Event):
-    """The reply, or None if the run stops first (the unroller may be waiting on others)."""
-    request = asyncio.ensure_future(client.request(msg, timeout))
-    stop = asyncio.ensure_future(stopping.wait())
-    try:
-        done, _ = await asyncio.wait({request, stop}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stop.cancel()
+class _StopAwareRequests:
+    """Requests that give up when the run stops (the unroller may be waiting on others).
+
+    One future watches the stop event for the runner's whole life, and a request is the
+    client's bare reply future: this runs once per step of the environments, where a task and
+    a ``wait`` per request would cost more than the round trip itself."""
+
+    def __init__(self, client, stopping: asyncio.Event):
+        self.client = client
+        self.stopped = asyncio.ensure_future(stopping.wait())
+
+    async def request(self, msg, timeout: float):
+        """The reply, or None if the run stops first."""
+        if self.stopped.done():
+            return None
+        if not self.client.connections:  # no unroller yet, or it is restarting
+            return await _first(self.client.request(msg, timeout), self.stopped)
+        reply = self.client.submit(msg, timeout)
+        done, _ = await asyncio.wait((reply, self.stopped), return_when=asyncio.FIRST_COMPLETED)
+        if reply not in done:
+            reply.cancel()
+            return None
+        return reply.result()
+
+    def close(self) -> None:
+        self.stopped.cancel()
+
+
+async def _first(coro, stopped: asyncio.Future):
+    request = asyncio.ensure_future(coro)
+    done, _ = await asyncio.wait((request, stopped), return_when=asyncio.FIRST_COMPLETED)
     if request not in done:
         request.cancel()
         return None

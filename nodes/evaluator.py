@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from algorithms.data import StepType
-from algorithms.sync_trainer import VectorEnvStepper, make_vector_env
+from algorithms.steps import VectorEnvStepper, make_vector_env
 from nodes._common import AlgorithmConfig, make_algorithm
 from nodes.messages import Metrics
 

@@ -23,9 +23,10 @@ async def run(config: Config, bus, ready) -> dict:
     path = os.path.join(bus.context.run_dir, config.filename)
     writer = None
     if config.tensorboard:
-        from torch.utils.tensorboard import SummaryWriter
+        # TensorBoard's own writer, not torch's: this process then never imports torch.
+        from tensorboard.summary import Writer
 
-        writer = SummaryWriter(os.path.join(bus.context.run_dir, "tensorboard"))
+        writer = Writer(os.path.join(bus.context.run_dir, "tensorboard"))
     ready()
     written = 0
     try:

@@ -96,10 +96,7 @@ class Unroller:
         self.refresh_params()
         steps = [r.message for r in requests]
         sizes = [len(s.time_step["step_type"]) for s in steps]
-        ts = TimeStep(**{k: np.concatenate([np.asarray(s.time_step[k]) for s in steps])
-                         for k in TimeStep._fields})
-        ts = ts._replace(env_id=np.concatenate(
-            [np.asarray(s.time_step["env_id"]) + s.env_offset for s in steps]))
+        ts = _batched_time_step(steps)
         with torch.no_grad():
             alg_step = self.alg.rollout_step(ts, ())
         action = to_numpy(alg_step.output)
@@ -161,12 +158,17 @@ async def run(config: Config, bus, ready) -> dict:
     try:
         stop = asyncio.ensure_future(bus.stopping.wait())
         while True:
-            nxt = asyncio.ensure_future(server.recv())
-            done, _ = await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
-            if nxt not in done:
-                nxt.cancel()
+            first = server.recv_nowait()
+            if first is None:  # nothing waiting: sleep until a request comes or the run stops
+                nxt = asyncio.ensure_future(server.recv())
+                done, _ = await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
+                if nxt not in done:
+                    nxt.cancel()
+                    break
+                first = nxt.result()
+            elif stop.done():
                 break
-            requests = [nxt.result()]
+            requests = [first]
             while len(requests) < config.max_batch_requests and \
                     (more := server.recv_nowait()) is not None:
                 requests.append(more)
@@ -177,6 +179,18 @@ async def run(config: Config, bus, ready) -> dict:
         for task in tasks:
             task.cancel()
     return {"env_steps": unroller.env_steps, "version": unroller.version}
+
+
+def _batched_time_step(steps: list) -> TimeStep:
+    """One ``TimeStep`` of every request's envs, with global env ids."""
+    if len(steps) == 1:  # the common case with one runner: no copies
+        step = steps[0]
+        ts = TimeStep(**{k: step.time_step[k] for k in TimeStep._fields})
+        return ts._replace(env_id=np.asarray(ts.env_id) + step.env_offset)
+    ts = TimeStep(**{k: np.concatenate([np.asarray(s.time_step[k]) for s in steps])
+                     for k in TimeStep._fields})
+    return ts._replace(env_id=np.concatenate(
+        [np.asarray(s.time_step["env_id"]) + s.env_offset for s in steps]))
 
 
 def _restore(unroller: Unroller, checkpoint: str) -> None:

@@ -98,15 +98,6 @@ class Graph:
     def consumer_groups(self, topic: str) -> list[str]:
         return [n.name for n in self.nodes.values() if topic in n.subscribes]
 
-    def start_order(self) -> list[list[str]]:
-        """Waves of nodes to start; each wave after the previous one is ready.
-
-        A node starts after the nodes it feeds on reliable topics or calls as services (so
-        consumers and servers are ready before producers and callers); cycles are broken in
-        declaration order.
-        """
-        return list(reversed(self.stop_order()))
-
     def stop_order(self) -> list[list[str]]:
         """Waves of nodes to stop: producers and callers first, so nothing is left in flight."""
         upstream: dict[str, set[str]] = {name: set() for name in self.nodes}

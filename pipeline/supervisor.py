@@ -4,8 +4,11 @@ Shaped like Circus: one :class:`Watcher` task per replica with its own restart p
 lock; control commands are handled one function each and answered with data; every lifecycle
 event is published on ``supervisor.<node>.<event>`` (and appended to ``events.jsonl``).
 
-Start: nodes start in :meth:`Graph.start_order` waves; a wave starts when the previous one said
-ready. Stop: :meth:`Graph.stop_order` waves, producers first, each node drained gracefully, then
+Start: every node at once. Waiting for peers is the bus's job (a reliable publisher holds
+messages until each declared consumer group has joined, a client waits for a server), so start
+order cannot lose anything, and importing torch and building networks in parallel halves the
+start-up of a training graph on two cores compared with starting it in dependency waves.
+Stop: :meth:`Graph.stop_order` waves, producers first, each node drained gracefully, then
 SIGKILL after ``grace_s``. Nothing is left running.
 """
 
@@ -186,7 +189,7 @@ class Supervisor:
         self.stopping = False
         self.failure: str | None = None
         self.stop_event = asyncio.Event()
-        self._started = asyncio.Event()  # every start wave was launched
+        self._started = asyncio.Event()  # every node was started (or the run stopped first)
         self.started_at = time.monotonic()
         os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
         os.makedirs(os.path.join(run_dir, "launch"), exist_ok=True)
@@ -308,6 +311,10 @@ class Supervisor:
 
     def _on_ready(self, inc: Incarnation, msg: Ready) -> None:
         inc.ready.set()
+        watcher = next((w for w in self.watchers[inc.launch.node] if w.current is inc), None)
+        if watcher is not None:
+            self.publish_event(watcher, "ready", f"{time.monotonic() - inc.started_at:.1f}s "
+                                                 "after its start")
 
     def _on_heartbeat(self, inc: Incarnation, msg: Heartbeat) -> None:
         inc.last_heartbeat = time.monotonic()
@@ -371,7 +378,7 @@ class Supervisor:
             self._watchers_of(name)
 
         async def all_ready():
-            # Every start wave first (a node's watcher exists only once its wave started),
+            # Every node started first (a node's watcher exists only once it was started),
             # then every current incarnation of the nodes asked about (swaps, restarts).
             await self._started.wait()
             while True:
@@ -535,16 +542,21 @@ class Supervisor:
         return EXIT_OK
 
     async def _start_all(self) -> None:
-        for wave in self.graph.start_order():
-            starts = []
-            for name in wave:
-                for r in range(self.graph.nodes[name].replicas):
-                    w = Watcher(self, name, r)
-                    self.watchers[name].append(w)
-                    starts.append(w.start())
-            await asyncio.gather(*starts)
-            if self.stop_event.is_set():
-                return
+        starts = []
+        for name, node in self.graph.nodes.items():
+            for r in range(node.replicas):
+                w = Watcher(self, name, r)
+                self.watchers[name].append(w)
+                starts.append(w.start())
+        # A stop (SIGINT, an end condition) while nodes are still starting ends the wait.
+        everything = asyncio.ensure_future(asyncio.gather(*starts))
+        stop = asyncio.ensure_future(self.stop_event.wait())
+        try:
+            await asyncio.wait({everything, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if everything.done():
+            everything.result()
 
     async def _stop_all(self) -> None:
         for wave in self.graph.stop_order():

@@ -64,6 +64,18 @@ def test_dqn_cartpole_reaches_475_through_the_graph(live):
     hit = reached(run, 475, 50_000)
     assert hit is not None, eval_returns(run)
     assert_accounting(run)
+    assert_tensorboard_has(run, "eval/return", hit[1])
+
+
+def assert_tensorboard_has(run: LiveRun, tag: str, value: float) -> None:
+    """The metrics sink's event files hold what metrics.jsonl holds (TensorBoard reads them)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(os.path.join(run.run_dir, "tensorboard")).Reload()
+    assert tag in events.Tags()["tensors"] + events.Tags()["scalars"], events.Tags()
+    values = [float(e.tensor_proto.float_val[0] if e.tensor_proto.float_val else
+                    e.tensor_proto.double_val[0]) for e in events.Tensors(tag)]
+    assert any(abs(v - value) < 1e-3 for v in values), (values, value)
 
 
 @pytest.mark.timeout(600)
