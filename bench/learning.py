@@ -8,6 +8,11 @@ env-step budget, and the same greedy evaluation (10 episodes every ``eval_interv
 evaluation time excluded from the clock). Each stops at the first evaluation that reaches the
 threshold. The last line printed is one JSON object; ``ratio`` is ours / SB3 wall-clock seconds
 to the threshold (null when either run did not reach it or SB3 has no counterpart).
+
+With ``--graph``, both clocks start when the process starts: the graph's at the first node's
+launch (imports, network construction and every node's start-up included), SB3's at the launch
+of a fresh Python process that imports SB3, builds the model and trains (its evaluation time
+is still excluded, although it stops SB3's training while the graph evaluates in parallel).
 """
 
 from __future__ import annotations
@@ -147,7 +152,20 @@ def _sb3_model(p: Preset, env, seed: int):
     raise ValueError(p.algo)
 
 
-def run_sb3(p: Preset, seed: int, threads: int) -> dict | None:
+def run_sb3_process(algo: str, env: str, seed: int, threads: int) -> dict | None:
+    """SB3 in a fresh process, its clock started at the launch (see the module docstring)."""
+    import subprocess
+
+    cmd = [sys.executable, __file__, algo, env, "--seed", str(seed), "--threads", str(threads),
+           "--sb3-launched-at", repr(time.time())]
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+    lines = out.strip().splitlines()
+    for line in lines[:-1]:
+        print(line, flush=True)
+    return json.loads(lines[-1])
+
+
+def run_sb3(p: Preset, seed: int, threads: int, launched_at: float | None = None) -> dict | None:
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
 
@@ -159,7 +177,8 @@ def run_sb3(p: Preset, seed: int, threads: int) -> dict | None:
         return None
     interval = p.trainer.get("eval_interval", 5000)
     state = {"next": interval, "eval_time": 0.0, "evals": [], "reached": None}
-    t_start = time.perf_counter()
+    # perf_counter has no epoch: shift the launch time into its frame.
+    t_start = time.perf_counter() - (time.time() - launched_at if launched_at else 0.0)
 
     class EvalCallback(BaseCallback):
         def _on_step(self) -> bool:
@@ -197,13 +216,22 @@ def main(argv=None) -> int:
     ap.add_argument("--no-sb3", action="store_true")
     ap.add_argument("--graph", help="train through this graph (run.py) instead of the "
                     "single-process reference trainer")
+    ap.add_argument("--sb3-launched-at", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     p = get_preset(args.algo, args.env)
+    if args.sb3_launched_at is not None:  # the SB3 side of --graph, in its own process
+        print(json.dumps(run_sb3(p, args.seed, args.threads, args.sb3_launched_at)))
+        return 0
     print(f"task {args.algo} {args.env}: threshold {p.threshold} within {p.budget} env steps")
     ours = run_graph(args.graph, p) if args.graph else run_ours(p, args.seed, args.threads)
     print(f"conduit: reached={ours['reached']} env_steps={ours['env_steps']} "
           f"seconds={ours['seconds']} best_return={ours['best_return']:.1f}")
-    sb3 = None if args.no_sb3 else run_sb3(p, args.seed, args.threads)
+    if args.no_sb3:
+        sb3 = None
+    elif args.graph:
+        sb3 = run_sb3_process(args.algo, args.env, args.seed, args.threads)
+    else:
+        sb3 = run_sb3(p, args.seed, args.threads)
     if sb3 is not None:
         print(f"sb3: reached={sb3['reached']} env_steps={sb3['env_steps']} "
               f"seconds={sb3['seconds']} best_return={sb3['best_return']}")
