@@ -1,9 +1,15 @@
 """Replay storage benchmark: our trees and buffer against peers, one CPU thread.
 
-For each capacity (2^17 and 2^20 by default) and batch 256 it times, in microseconds per
-call (best of several rounds of many calls):
+For each capacity (2^17 and 2^20 by default) and batch 256 it times, in microseconds of
+this process's CPU time per call, best of several rounds of many calls. Every contender
+runs one round in turn, round after round, so all of them see the same moments of a
+shared machine; CPU time leaves out the time other processes hold the core, which wall
+time would not. The operations:
 
-  (a) priority update of 256 slots      (b) prioritized sample of 256 indices
+  (a) priority update of 256 slots, the priorities alternating between two random sets
+      (``update``), and the same priorities every call (``update_repeated``: peers may
+      skip unchanged leaves, so this is the cheapest case)
+  (b) prioritized sample of 256 indices (fresh random numbers every call)
   (c) full get_batch of 256 (4-float observation, with importance weights)
   (d) add_batch of one step for each of 16 environments
 
@@ -40,17 +46,42 @@ from storage.segment_tree import available_backends, default_backend  # noqa: E4
 NUM_ENVS = 16
 
 
-def time_us(fn, calls: int, rounds: int) -> float:
-    """Best mean over ``rounds`` of ``calls`` calls, in microseconds (after a warm-up)."""
-    for _ in range(min(calls, 20)):
-        fn()
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
+def measure(contenders: dict, rounds: int) -> dict[str, float]:
+    """Best mean µs per call of each ``name: (fn, calls)``, rounds interleaved."""
+    for fn, calls in contenders.values():
+        for _ in range(min(calls, 20)):
             fn()
-        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    best = dict.fromkeys(contenders, float("inf"))
+    for _ in range(rounds):
+        for name, (fn, calls) in contenders.items():
+            start = time.process_time()
+            for _ in range(calls):
+                fn()
+            best[name] = min(best[name], (time.process_time() - start) / calls * 1e6)
     return best
+
+
+def alternating(fn, *pairs):
+    """A call of ``fn`` whose arguments alternate between ``pairs[i][0]`` and ``[1]``."""
+    args = [tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)]
+    turn = [0]
+
+    def call():
+        turn[0] ^= 1
+        return fn(*args[turn[0]])
+
+    return call
+
+
+def cycling(fn, inputs):
+    """A call of ``fn`` on the next of ``inputs`` (fresh data without drawing it in the loop)."""
+    turn = [0]
+
+    def call():
+        turn[0] = (turn[0] + 1) % len(inputs)
+        return fn(inputs[turn[0]])
+
+    return call
 
 
 class BinaryTorchTree:
@@ -87,24 +118,27 @@ class BinaryTorchTree:
         return nodes - self.leaf0
 
 
-def bench_ours(capacity, batch, calls, rounds, results):
+FRESH_SETS = 128  # threshold sets cycled through, so searches do not hit a warm cache
+
+
+def bench_ours(capacity, batch, calls):
     gen = torch.Generator().manual_seed(0)
     idx = torch.randint(capacity, (batch,), generator=gen)
-    prios = torch.rand(batch, generator=gen) + 0.1
+    prios = [torch.rand(batch, generator=gen) + 0.1 for _ in range(2)]
     leaves = torch.rand(capacity, generator=gen, dtype=torch.float64) + 0.01
+    contenders = {}
     for backend in available_backends("cpu"):
         tree = SumSegmentTree(capacity, backend=backend)
         tree.fill(leaves)
-        thresholds = torch.rand(batch, generator=gen, dtype=torch.float64) * tree.total()
+        thresholds = [
+            torch.rand(batch, generator=gen, dtype=torch.float64) * tree.total()
+            for _ in range(FRESH_SETS)
+        ]
         n = max(calls // 10, 20) if backend == "torch" else calls
-        update = tree.__setitem__
-        find = tree.find_sum_bound
-        results[f"conduit_tree[{backend}].update"] = time_us(
-            lambda update=update: update(idx, prios), n, rounds
-        )
-        results[f"conduit_tree[{backend}].sample_indices"] = time_us(
-            lambda find=find, thresholds=thresholds: find(thresholds), n, rounds
-        )
+        update = alternating(tree.__setitem__, (idx, idx), prios)
+        contenders[f"conduit_tree[{backend}].update"] = (update, n)
+        search = cycling(tree.find_sum_bound, thresholds)
+        contenders[f"conduit_tree[{backend}].sample_indices"] = (search, n)
 
     spec = {
         "step_type": TensorSpec((), torch.int64),
@@ -118,16 +152,28 @@ def bench_ours(capacity, batch, calls, rounds, results):
     _bulk_fill(rb, capacity)
     env_ids = idx % NUM_ENVS
     positions = rb.writer.current_pos[env_ids] - 1 - (idx // NUM_ENVS) % (capacity // NUM_ENVS)
-    results["conduit_buffer.update"] = time_us(
-        lambda: rb.update_priority(env_ids, positions, prios), calls, rounds
-    )
+    update = rb.update_priority
+    as_numpy = [t.numpy() for t in (env_ids, positions, *prios)]
     g = torch.Generator().manual_seed(1)
-    results["conduit_buffer.sample_indices"] = time_us(
-        lambda: rb.sampler.sample(batch, g, with_replacement=True), calls, rounds
-    )
-    results["conduit_buffer.get_batch"] = time_us(lambda: rb.get_batch(batch, 1), calls, rounds)
     step = _step_batch(NUM_ENVS, 0)
-    results["conduit_buffer.add_batch"] = time_us(lambda: rb.add_batch(step), calls, rounds)
+    contenders |= {
+        "conduit_buffer.update": (
+            alternating(update, (env_ids, env_ids), (positions, positions), prios),
+            calls,
+        ),
+        "conduit_buffer.update_repeated": (lambda: update(env_ids, positions, prios[0]), calls),
+        "conduit_buffer.update_numpy": (
+            alternating(update, as_numpy[:1] * 2, as_numpy[1:2] * 2, as_numpy[2:]),
+            calls,
+        ),
+        "conduit_buffer.sample_indices": (
+            lambda: rb.sampler.sample(batch, g, with_replacement=True),
+            calls,
+        ),
+        "conduit_buffer.get_batch": (lambda: rb.get_batch(batch, 1), calls),
+        "conduit_buffer.add_batch": (lambda: rb.add_batch(step), calls),
+    }
+    return contenders
 
 
 def _step_batch(n, t):
@@ -152,71 +198,81 @@ def _bulk_fill(rb, capacity):
     rb.sampler.rebuild()
 
 
-def bench_alf_tree(capacity, batch, calls, rounds, results):
+def bench_alf_tree(capacity, batch, calls):
     gen = torch.Generator().manual_seed(0)
     tree = BinaryTorchTree(capacity)
     tree.fill(torch.rand(capacity, generator=gen, dtype=torch.float64) + 0.01)
     idx = torch.randint(capacity, (batch,), generator=gen)
-    vals = torch.rand(batch, generator=gen, dtype=torch.float64)
-    thresholds = torch.rand(batch, generator=gen, dtype=torch.float64) * float(tree.values[1])
+    vals = [torch.rand(batch, generator=gen, dtype=torch.float64) for _ in range(2)]
+    total = float(tree.values[1])
+    thresholds = [
+        torch.rand(batch, generator=gen, dtype=torch.float64) * total for _ in range(FRESH_SETS)
+    ]
     n = max(calls // 20, 10)
-    results["alf_binary_torch_tree.update"] = time_us(lambda: tree.set(idx, vals), n, rounds)
-    results["alf_binary_torch_tree.sample_indices"] = time_us(
-        lambda: tree.find(thresholds), n, rounds
-    )
+    return {
+        "alf_binary_torch_tree.update": (alternating(tree.set, (idx, idx), vals), n),
+        "alf_binary_torch_tree.sample_indices": (cycling(tree.find, thresholds), n),
+    }
 
 
-def bench_cpprb(capacity, batch, calls, rounds, results, skipped):
+def bench_cpprb(capacity, batch, calls, skipped):
     try:
         import cpprb
     except ImportError as exc:
         skipped["cpprb"] = f"not importable: {exc}"
-        return
+        return {}
     rb = cpprb.PrioritizedReplayBuffer(capacity, {"obs": {"shape": 4}}, alpha=0.6)
     chunk = 65536
     for _ in range(capacity // chunk):
         rb.add(obs=np.random.rand(chunk, 4), priorities=np.random.rand(chunk) + 0.1)
     idx = np.random.default_rng(0).integers(0, capacity, batch)
-    prios = np.random.default_rng(1).random(batch) + 0.1
-    results["cpprb.update"] = time_us(lambda: rb.update_priorities(idx, prios), calls, rounds)
-    results["cpprb.get_batch"] = time_us(lambda: rb.sample(batch, beta=0.4), calls, rounds)
+    prios = [np.random.default_rng(seed).random(batch) + 0.1 for seed in (1, 2)]
+    update = rb.update_priorities
     step = np.random.rand(NUM_ENVS, 4)
-    results["cpprb.add_batch"] = time_us(lambda: rb.add(obs=step), calls, rounds)
+    return {
+        "cpprb.update": (alternating(update, (idx, idx), prios), calls),
+        "cpprb.update_repeated": (lambda: update(idx, prios[0]), calls),
+        "cpprb.get_batch": (lambda: rb.sample(batch, beta=0.4), calls),
+        "cpprb.add_batch": (lambda: rb.add(obs=step), calls),
+    }
 
 
-def bench_torchrl(capacity, batch, calls, rounds, results, skipped):
+def bench_torchrl(capacity, batch, calls, skipped):
     try:
         from tensordict import TensorDict
         from torchrl._torchrl import SumSegmentTreeFp64
         from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
     except Exception as exc:  # ImportError, or a compiled extension built for another torch
         skipped["torchrl"] = f"not importable with torch {torch.__version__}: {exc!s:.160}"
-        return
+        return {}
     tree = SumSegmentTreeFp64(capacity)
     tree[np.arange(capacity)] = np.random.rand(capacity) + 0.01
     idx = np.random.default_rng(0).integers(0, capacity, batch)
-    vals = np.random.rand(batch)
-    thresholds = np.random.rand(batch) * tree.query(0, capacity)
-    results["torchrl_cpp_tree.update"] = time_us(lambda: tree.__setitem__(idx, vals), calls, rounds)
-    results["torchrl_cpp_tree.sample_indices"] = time_us(
-        lambda: tree.scan_lower_bound(thresholds), calls, rounds
-    )
+    vals = [np.random.rand(batch) for _ in range(2)]
+    total = tree.query(0, capacity)
+    thresholds = [np.random.rand(batch) * total for _ in range(FRESH_SETS)]
     rb = TensorDictPrioritizedReplayBuffer(
         alpha=0.6, beta=0.4, storage=LazyTensorStorage(capacity), batch_size=batch
     )
     chunk = 65536
     for _ in range(capacity // chunk):
         rb.extend(TensorDict({"obs": torch.rand(chunk, 4)}, batch_size=[chunk]))
-    sample = rb.sample()
-    results["torchrl_buffer.get_batch"] = time_us(lambda: rb.sample(), calls // 4, rounds)
-    prio = torch.rand(batch) + 0.1
-    results["torchrl_buffer.update"] = time_us(
-        lambda: rb.update_priority(sample["index"], prio), calls // 4, rounds
-    )
+    index = rb.sample()["index"]
+    prios = [torch.rand(batch) + 0.1 for _ in range(2)]
+    return {
+        "torchrl_cpp_tree.update": (alternating(tree.__setitem__, (idx, idx), vals), calls),
+        "torchrl_cpp_tree.sample_indices": (cycling(tree.scan_lower_bound, thresholds), calls),
+        "torchrl_buffer.get_batch": (lambda: rb.sample(), calls // 4),
+        "torchrl_buffer.update": (
+            alternating(rb.update_priority, (index, index), prios),
+            calls // 4,
+        ),
+    }
 
 
 PEER_FOR = {
     "update": ["torchrl_cpp_tree", "cpprb", "torchrl_buffer", "alf_binary_torch_tree"],
+    "update_repeated": ["cpprb"],
     "sample_indices": ["torchrl_cpp_tree", "alf_binary_torch_tree"],
     "get_batch": ["cpprb", "torchrl_buffer"],
     "add_batch": ["cpprb"],
@@ -230,7 +286,7 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="fewer calls (smoke run)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    calls, rounds = (50, 2) if args.quick else (400, 7)
+    calls, rounds = (50, 2) if args.quick else (200, 15)
     report = {
         "batch": args.batch,
         "threads": torch.get_num_threads(),
@@ -243,17 +299,20 @@ def main(argv=None):
     }
     for log2 in args.capacities:
         capacity = 2**log2
-        results, skipped = {}, {}
-        bench_ours(capacity, args.batch, calls, rounds, results)
-        bench_alf_tree(capacity, args.batch, calls, rounds, results)
-        bench_cpprb(capacity, args.batch, calls, rounds, results, skipped)
-        bench_torchrl(capacity, args.batch, calls, rounds, results, skipped)
+        skipped = {}
+        contenders = bench_ours(capacity, args.batch, calls)
+        contenders |= bench_alf_tree(capacity, args.batch, calls)
+        contenders |= bench_cpprb(capacity, args.batch, calls, skipped)
+        contenders |= bench_torchrl(capacity, args.batch, calls, skipped)
+        results = measure(contenders, rounds)
+        del contenders  # frees this capacity's buffers before the next
         key = f"2^{log2}"
         report["results_us"][key] = {k: round(v, 1) for k, v in results.items()}
         report["skipped"].update(skipped)
         ratios = {}
         ours_for = {
             "update": results["conduit_buffer.update"],
+            "update_repeated": results["conduit_buffer.update_repeated"],
             "sample_indices": results["conduit_buffer.sample_indices"],
             "get_batch": results["conduit_buffer.get_batch"],
             "add_batch": results["conduit_buffer.add_batch"],

@@ -29,6 +29,7 @@ from numba.extending import intrinsic
 
 from storage._tree_kernels import (
     STATE_NNZ,
+    find_sum_bound,
     max_write,
     min_write,
     scrub_after,
@@ -308,3 +309,49 @@ def all_leaves(current_pos, current_size, evicted, priority, params, per, sums, 
                 maxes[slot] = priority[slot] if stored else 0.0
             if mins.shape[0]:
                 mins[slot] = w if w > 0.0 else math.inf
+
+
+# ALF's bound that keeps stratified draws strictly below 1 in float32.
+ONE_MINUS = 1.0 - 2.0**-23
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def sample_slots(u, stratified, sum_values, layout, out):
+    """Slots drawn by leaf weight from uniform numbers ``u`` in [0, 1), into ``out``.
+
+    Stratified: draw q lands in the q-th of ``n`` equal slices of the total mass
+    (sorted, spread). Returns ``find_sum_bound``'s status.
+    """
+    n = u.shape[0]
+    total = sum_values[sum_values.shape[0] - 1]
+    thresholds = np.empty(n)
+    for q in range(n):
+        x = u[q]
+        if stratified:
+            x = min((x + q) / n, ONE_MINUS)
+        thresholds[q] = x * total
+    return find_sum_bound(sum_values, layout, thresholds, out)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def locate(slots, current_pos, max_length, env_ids, indices, positions):
+    """Environment, ring index and (newest) position of each slot."""
+    for j in range(slots.shape[0]):
+        env = slots[j] // max_length
+        idx = slots[j] - env * max_length
+        env_ids[j] = env
+        indices[j] = idx
+        positions[j] = ((current_pos[env] - idx - 1) // max_length) * max_length + idx
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def importance_weights(slots, sum_values, nnz, smallest_leaf, beta, out):
+    """ALF's ``N * P(i)`` (leaf over mean non-zero leaf) of each slot into float32 ``out``;
+    with ``beta`` (not NaN), PER's ``(N * P(i)) ** -beta`` over its largest value."""
+    scale = nnz / sum_values[sum_values.shape[0] - 1]
+    smallest = smallest_leaf * scale
+    for j in range(slots.shape[0]):
+        ratio = sum_values[slots[j]] * scale
+        if beta == beta:
+            ratio = (ratio / smallest) ** -beta
+        out[j] = ratio

@@ -409,14 +409,10 @@ class ReplayBuffer(RingBuffer):
     def _batch_from_slots(self, slots, batch_length, learner_iter):
         # Index arithmetic runs on the sampler's array type (numpy views on a CPU).
         sampler = self.sampler
-        s = sampler._arr(slots)
-        length = self._max_length
-        env_a = s // length
-        idx0_a = s % length
-        current = sampler._cur[env_a]
-        positions_a = ((current - idx0_a - 1) // length) * length + idx0_a
+        env_a, idx0_a, positions_a = sampler.locate(sampler._arr(slots))
         env_ids, idx0 = sampler._tensor(env_a), sampler._tensor(idx0_a)
         positions = sampler._tensor(positions_a)
+        length = self._max_length
         if batch_length == 1:
             flat = slots
         else:

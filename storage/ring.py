@@ -25,6 +25,14 @@ class RingStorage:
         self.allocator = allocator or MemoryAllocator()
         self.device = self.allocator.device
         self.data = map_structure(self._make_field, data_spec, _paths(data_spec))
+        # On a CPU, reads gather rows with numpy from flat views of the same memory
+        # (torch's index_select and reshapes cost several microseconds per field).
+        num_slots = num_envs * max_length
+        self._host = (
+            map_structure(lambda t: t.numpy().reshape((num_slots,) + t.shape[2:]), self.data)
+            if self.device.type == "cpu"
+            else None
+        )
 
     def _make_field(self, spec, path):
         return self.allocator.tensor(
@@ -52,6 +60,15 @@ class RingStorage:
 
     def read_slots(self, slots: torch.Tensor, shape: tuple):
         """Steps at flat slot numbers ``env * max_length + idx``, reshaped to ``shape``."""
+        if self._host is not None:
+            idx = slots.numpy() if isinstance(slots, torch.Tensor) else slots
+            shape = tuple(shape)
+            return map_structure(
+                lambda flat: torch.from_numpy(
+                    flat.take(idx, axis=0).reshape(shape + flat.shape[1:])
+                ),
+                self._host,
+            )
 
         def take(buf):
             flat = buf.reshape((self.num_envs * self.max_length,) + buf.shape[2:])

@@ -16,6 +16,7 @@ The sum tree's leaf for a slot is ``mask * (priority + epsilon) ** alpha`` (just
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -390,6 +391,14 @@ class SlotSampler:
                 f"batch_length={self.batch_length} steps"
             )
         u = self._arr(torch.rand(n, generator=generator, dtype=torch.float64, device=self.device))
+        if self._fused:
+            out = np.empty(n, dtype=np.int64)
+            values, layout = self._kernel_state[6:8]
+            if _sampler_kernels.sample_slots(u, not with_replacement, values, layout, out) != 0:
+                self.sum_tree.resum()  # see SumSegmentTree.find_host
+                if _sampler_kernels.sample_slots(u, not with_replacement, values, layout, out):
+                    raise RuntimeError("inconsistent sum tree after an exact re-sum")
+            return torch.from_numpy(out)
         if not with_replacement:
             arange = np.arange if self.xp is np else torch.arange
             u = (u + arange(n, dtype=u.dtype, **self._device_kw)) / n
@@ -437,10 +446,34 @@ class SlotSampler:
                 return out
         raise RuntimeError("window sampling kept landing outside its window")
 
+    def locate(self, slots):
+        """``(env_ids, ring indices, positions)`` of slots (numpy on CPU, else tensors)."""
+        if self._fused:
+            n = slots.shape[0]
+            env_ids, idx, positions = (np.empty(n, dtype=np.int64) for _ in range(3))
+            _sampler_kernels.locate(slots, self._cur, self.max_length, env_ids, idx, positions)
+            return env_ids, idx, positions
+        length = self.max_length
+        env_ids, idx = slots // length, slots % length
+        current = self._cur[env_ids]
+        return env_ids, idx, ((current - idx - 1) // length) * length + idx
+
     def importance_weights(self, slots) -> torch.Tensor:
         """ALF's ``N * P(i)`` (leaf over mean non-zero leaf), or PER's with ``beta``."""
         if not self.prioritized:
             return torch.ones(slots.shape, dtype=torch.float32, device=self.device)
+        if self._fused:
+            out = np.empty(slots.shape[0], dtype=np.float32)
+            beta = self.per.beta
+            _sampler_kernels.importance_weights(
+                _host_vector(slots, _INDEX_DTYPES),
+                self._kernel_state[6],
+                self.sum_tree.nnz,
+                self.min_tree.total() if beta is not None else 1.0,
+                beta if beta is not None else math.nan,
+                out,
+            )
+            return torch.from_numpy(out)
         total = self.sum_tree.total()
         nnz = self.sum_tree.nnz
         leaf = self.sum_tree.leaves()[slots]  # slots came from this tree: no range check
