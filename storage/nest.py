@@ -62,6 +62,15 @@ def map_structure(fn: Callable, *nests):
     return fn(*nests)
 
 
+def leaves(nest) -> list:
+    """The leaves of ``nest``, in ``flatten_with_paths`` order."""
+    if isinstance(nest, dict):
+        return [leaf for value in nest.values() for leaf in leaves(value)]
+    if isinstance(nest, (list, tuple)):  # named tuples included
+        return [leaf for value in nest for leaf in leaves(value)]
+    return [nest]
+
+
 def flatten_with_paths(nest, prefix: str = "") -> list[tuple[str, Any]]:
     """``[(dotted path, leaf), ...]`` in a fixed order."""
     if isinstance(nest, dict):

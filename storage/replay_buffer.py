@@ -25,14 +25,22 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from storage.allocator import MemoryAllocator, MmapAllocator
 from storage.controls import BufferControl
 from storage.episodes import EpisodeIndex
-from storage.nest import get_field, has_field, map_structure
-from storage.ring import RingStorage, RingWriter
+from storage.nest import get_field, has_field, leaves, map_structure
+from storage.ring import RingStorage, RingWriter, host_array
 from storage.sampler import PER, SlotSampler
+
+try:  # numba is a dependency; without it (a broken install) appends run on torch.
+    from storage import _ring_kernels
+except ImportError:  # pragma: no cover - exercised where numba is absent
+    _ring_kernels = None
+
+_FULL_RING = "blocking enqueue on a full ring: nothing dequeues concurrently"
 
 
 class BatchInfo(NamedTuple):
@@ -51,6 +59,14 @@ class SlotInfo:
     def __init__(self, num_slots: int, allocator):
         self.use_count = allocator.tensor("slots.use_count", (num_slots,), torch.int64)
         self.version = allocator.tensor("slots.version", (num_slots,), torch.int64)
+        on_cpu = self.use_count.device.type == "cpu"
+        self._use_count = self.use_count.numpy() if on_cpu else self.use_count
+        self._version = self.version.numpy() if on_cpu else self.version
+
+    def on_write(self, slots, version: int) -> None:
+        """Fresh steps in ``slots`` (numpy on a CPU): never used, collected by ``version``."""
+        self._use_count[slots] = 0
+        self._version[slots] = int(version)
 
     def state_dict(self) -> dict:
         return {"use_count": self.use_count.clone(), "version": self.version.clone()}
@@ -96,6 +112,13 @@ class RingBuffer:
         self.data_spec = data_spec
         self.storage = RingStorage(data_spec, self._num_envs, self._max_length, self._allocator)
         self.writer = RingWriter(self._num_envs, self._max_length, self._allocator)
+        # On a CPU, appends run one compiled writer kernel on numpy views of the cursors.
+        self._host_cursors = (
+            (self.writer.current_pos.numpy(), self.writer.current_size.numpy())
+            if self._device.type == "cpu" and _ring_kernels is not None
+            else None
+        )
+        self._all_env_ids = np.arange(self._num_envs, dtype=np.int64)
 
     # ------------------------------------------------------------------ basics
     @property
@@ -145,17 +168,53 @@ class RingBuffer:
     # ------------------------------------------------------------------ ring ops
     def enqueue(self, batch, env_ids=None, blocking: bool = False) -> torch.Tensor:
         """Write one step per environment; returns the positions written."""
+        return torch.as_tensor(self._append(batch, env_ids, blocking)[1])
+
+    def _append(self, batch, env_ids, blocking: bool):
+        """``enqueue``'s work: ``(env_ids, positions, slots, overwritten)``, the arrays as
+        numpy on a CPU (else tensors); ``overwritten`` counts slots that held a step."""
         batch_size = _batch_size(batch)
-        env_ids = self._env_ids(env_ids, batch_size)
+        if self._host_cursors is None:
+            env_ids = self._env_ids(env_ids, batch_size)
+            if env_ids.shape[0] != batch_size:
+                raise ValueError(f"{batch_size} steps for {env_ids.shape[0]} env_ids")
+            if torch.unique(env_ids).numel() != env_ids.numel():
+                raise ValueError("env_ids of one batch must be distinct")
+            full = self.writer.current_size[env_ids] >= self._max_length
+            if blocking and bool(full.any()):
+                raise RuntimeError(_FULL_RING)
+            pos = self.writer.advance(env_ids)
+            self.storage.write(env_ids, pos % self._max_length, batch)
+            return env_ids, pos, self.writer.slots(env_ids, pos), int(full.sum())
+        env_ids = self._host_env_ids(env_ids, batch_size)
+        pos = np.empty(env_ids.shape[0], dtype=np.int64)
+        slots = np.empty(env_ids.shape[0], dtype=np.int64)
+        overwritten = _ring_kernels.advance(
+            env_ids, *self._host_cursors, self._max_length, blocking, pos, slots
+        )
+        if overwritten == _ring_kernels.BAD_ENV:
+            raise ValueError(f"env_ids must lie in [0, {self._num_envs})")
+        if overwritten == _ring_kernels.DUPLICATE_ENV:
+            raise ValueError("env_ids of one batch must be distinct")
+        if overwritten == _ring_kernels.FULL:
+            raise RuntimeError(_FULL_RING)
+        self.storage.write_slots(slots, batch)
+        return env_ids, pos, slots, overwritten
+
+    def _host_env_ids(self, env_ids, batch_size: int) -> np.ndarray:
+        if env_ids is None:
+            if batch_size != self._num_envs:
+                raise ValueError(
+                    f"env_ids=None needs a batch of num_environments={self._num_envs}, "
+                    f"got {batch_size}"
+                )
+            return self._all_env_ids
+        env_ids = np.asarray(host_array(env_ids)).reshape(-1)
+        if env_ids.dtype != np.int64:
+            env_ids = env_ids.astype(np.int64)
         if env_ids.shape[0] != batch_size:
             raise ValueError(f"{batch_size} steps for {env_ids.shape[0]} env_ids")
-        if torch.unique(env_ids).numel() != env_ids.numel():
-            raise ValueError("env_ids of one batch must be distinct")
-        if blocking and bool((self.writer.current_size[env_ids] >= self._max_length).any()):
-            raise RuntimeError("blocking enqueue on a full ring: nothing dequeues concurrently")
-        pos = self.writer.advance(env_ids)
-        self.storage.write(env_ids, pos % self._max_length, batch)
-        return pos
+        return env_ids
 
     def dequeue(self, env_ids=None, n: int = 1, blocking: bool = False):
         """Remove and return the earliest ``n`` steps of each environment, ``[B, n, ...]``."""
@@ -328,13 +387,13 @@ class ReplayBuffer(RingBuffer):
         ``version`` is the policy version that collected the steps (read by
         ``MaxStaleness`` and ``SampleStatistics``).
         """
-        batch_size = _batch_size(batch)
-        env_ids = self._env_ids(env_ids, batch_size)
-        overwritten = int((self.writer.current_size[env_ids] >= self._max_length).sum())
-        pos = self.enqueue(batch, env_ids, blocking=blocking)
-        slots = self.writer.slots(env_ids, pos)
-        self.slot_info.use_count[slots] = 0
-        self.slot_info.version[slots] = int(version)
+        env_ids, pos, slots, overwritten = self._append(batch, env_ids, blocking)
+        self.slot_info.on_write(slots, version)
+        self.sampler.on_write(env_ids, pos)
+        pos = torch.as_tensor(pos)
+        if self.episodes is None and not self.controls:
+            return pos
+        env_ids = torch.as_tensor(env_ids)
         if self.episodes is not None:
             discount = get_field(batch, "discount").to(self._device)
             self.episodes.on_write(
@@ -344,7 +403,6 @@ class ReplayBuffer(RingBuffer):
                 discount,
                 get_field(batch, "reward").to(self._device),
             )
-        self.sampler.on_write(env_ids, pos)
         for control in self.controls:
             control.on_add(self, env_ids, pos, version)
             if overwritten:
@@ -536,8 +594,7 @@ class ReplayBuffer(RingBuffer):
 
 
 def _batch_size(batch) -> int:
-    sizes = set()
-    map_structure(lambda t: sizes.add(int(t.shape[0])), batch)
+    sizes = {int(t.shape[0]) for t in leaves(batch)}
     if len(sizes) != 1:
         raise ValueError(f"every tensor of a batch needs the same leading size, got {sizes}")
     return sizes.pop()

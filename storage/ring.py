@@ -9,6 +9,7 @@ A *slot* number ``env_id * max_length + idx`` names one ring slot across environ
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from storage.allocator import MemoryAllocator
@@ -46,6 +47,14 @@ class RingStorage:
             buf[env_ids, idx] = value.to(device=buf.device, dtype=buf.dtype)
 
         map_structure(put, self.data, batch)
+
+    def write_slots(self, slots: np.ndarray, batch) -> None:
+        """Store ``batch[i]`` at flat slot ``slots[i]`` (CPU storage)."""
+
+        def put(flat, value):
+            flat[slots] = host_array(value)
+
+        map_structure(put, self._host, batch)
 
     def read(self, env_ids: torch.Tensor, idx: torch.Tensor):
         """Steps at (``env_ids``, ``idx``); ``env_ids`` broadcasts against ``idx``."""
@@ -136,6 +145,16 @@ class RingWriter:
     def load_state_dict(self, state: dict) -> None:
         self.current_pos.copy_(state["current_pos"])
         self.current_size.copy_(state["current_size"])
+
+
+def host_array(x):
+    """A numpy view of a CPU tensor (a copy of any other tensor); other values as given."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    try:
+        return x.numpy()
+    except (RuntimeError, TypeError):  # needs grad, or not on the CPU
+        return x.detach().cpu().numpy()
 
 
 def _paths(nest, prefix=""):

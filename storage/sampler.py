@@ -485,6 +485,9 @@ class SlotSampler:
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict:
+        # The trees are rebuilt from these on load; re-summing ours now makes both hold
+        # the same nodes, so the restored buffer samples exactly like this one from here.
+        self.sum_tree.resum()
         return {
             "priority": self.priority.clone(),
             "evicted": self.evicted.clone(),

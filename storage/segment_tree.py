@@ -300,7 +300,12 @@ class SegmentTree:
 
     # --------------------------------------------------------------------- state
     def state_dict(self) -> dict:
-        """A copy of the leaves; internal nodes are rebuilt on load."""
+        """A copy of the leaves; internal nodes are rebuilt on load.
+
+        Re-sums this tree first, so that it and a tree loaded from the state hold the
+        same nodes and answer every later query alike (see ``resum``).
+        """
+        self.resum()
         return {"op": self._op, "capacity": self._capacity, "leaves": self.leaves().clone()}
 
     def load_state_dict(self, state: dict) -> None:
