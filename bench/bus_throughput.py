@@ -29,6 +29,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import resource
 import sys
 import tempfile
 import time
@@ -39,6 +40,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 SIZES = {"64B": 64, "4KiB": 4 << 10, "64KiB": 64 << 10, "1MiB": 1 << 20}
 TOPIC, HWM = "bench", 1000  # the demo graph's reliable topics use hwm 1000
 WARMUP_S = 0.2
+
+
+class _Usage:
+    """CPU time of this process (every thread: zmq's I/O threads too) and minor page faults,
+    from construction to :meth:`since`, per message."""
+
+    def __init__(self):
+        self.cpu, self.faults = time.process_time(), resource.getrusage(resource.RUSAGE_SELF)[6]
+
+    def since(self, messages: int) -> dict:
+        cpu = time.process_time() - self.cpu
+        faults = resource.getrusage(resource.RUSAGE_SELF)[6] - self.faults
+        return {"cpu_us": 1e6 * cpu / max(1, messages), "faults": faults / max(1, messages)}
 
 
 # --- ours ----------------------------------------------------------------------------------------
@@ -60,6 +74,7 @@ async def _publish(endpoint: str, size: int, seconds: float) -> dict:
     try:
         pub = bus.publisher(TOPIC)
         payload = np.zeros(size, dtype=np.uint8)
+        usage = _Usage()
         deadline = time.perf_counter() + seconds
         sent = 0
         while time.perf_counter() < deadline:
@@ -69,7 +84,7 @@ async def _publish(endpoint: str, size: int, seconds: float) -> dict:
         await pub.send(Record(origin=-1, data=None))  # end marker
         if not await pub.flush(60):
             raise RuntimeError("subscriber did not acknowledge everything")
-        return {"sent": sent, "wait_s": pub.stats.wait_s}
+        return {"sent": sent, "wait_s": pub.stats.wait_s, **usage.since(sent)}
     finally:
         bus.close()
 
@@ -82,7 +97,9 @@ async def _subscribe(endpoint: str, size: int) -> dict:
         bus.set_peers({TOPIC: [endpoint]}, {})
         sub = bus.subscriber(TOPIC)
         received, start, start_count, last = 0, None, 0, None
+        usage = None
         async for envelope in sub:
+            usage = usage or _Usage()
             msg = envelope.message
             if msg.origin < 0:
                 break
@@ -96,7 +113,8 @@ async def _subscribe(endpoint: str, size: int) -> dict:
                 start, start_count = last, received
         return {"received": received, "count": received - (start_count or received),
                 "elapsed": (last - start) if start_count else 0.0,
-                "gaps": sub.stats.gaps, "malformed": sub.stats.malformed}
+                "gaps": sub.stats.gaps, "malformed": sub.stats.malformed,
+                **usage.since(received)}
     finally:
         bus.close()
 
@@ -132,6 +150,7 @@ def _raw_role(role: str, endpoint: str, size: int, seconds: float, conn, profile
         sock = ctx.socket(zmq.PUSH)
         sock.connect(endpoint)
         payload = bytes(size)
+        usage = _Usage()
         deadline = time.perf_counter() + seconds
         sent = 0
         while time.perf_counter() < deadline:
@@ -139,13 +158,15 @@ def _raw_role(role: str, endpoint: str, size: int, seconds: float, conn, profile
                 sock.send(payload, copy=copy)
                 sent += 1
         sock.send(b"")  # end marker
-        result = {"sent": sent}
+        result = {"sent": sent, **usage.since(sent)}
     else:
         sock = ctx.socket(zmq.PULL)
         sock.bind(endpoint)
         received, start, start_count, last = 0, None, None, None
+        usage = None
         while True:
             frame = sock.recv(copy=copy)
+            usage = usage or _Usage()
             if len(frame) == 0:
                 break
             received += 1
@@ -155,7 +176,8 @@ def _raw_role(role: str, endpoint: str, size: int, seconds: float, conn, profile
             elif start_count is None and last >= start:
                 start, start_count = last, received
         result = {"received": received, "count": received - (start_count or received),
-                  "elapsed": (last - start) if start_count else 0.0, "gaps": 0}
+                  "elapsed": (last - start) if start_count else 0.0, "gaps": 0,
+                  **usage.since(received)}
     sock.close(linger=-1)  # raw side: let the end marker go out
     ctx.term()
     conn.send(result)
@@ -201,7 +223,13 @@ def measure(kind: str, size: int, seconds: float, profile_dir: str | None = None
                            f"received {sub['received']}")
     rate = sub["count"] / sub["elapsed"] if sub["elapsed"] else float("nan")
     return {"msgs_per_s": rate, "mb_per_s": rate * size / 1e6, "messages": sub["received"],
-            "wait_s": results["pub"].get("wait_s")}
+            "wait_s": results["pub"].get("wait_s"),
+            "cpu_us": {role: round(results[role]["cpu_us"], 1) for role in ("pub", "sub")},
+            "faults": {role: round(results[role]["faults"], 1) for role in ("pub", "sub")}}
+
+
+def _pair(sides: dict) -> str:
+    return f"{sides['pub']:.1f}+{sides['sub']:.1f}"
 
 
 def main(argv=None) -> int:
@@ -210,6 +238,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=2, help="runs per side; best is kept")
     parser.add_argument("--sizes", default=",".join(SIZES), help="subset, e.g. 4KiB,1MiB")
     parser.add_argument("--profile", metavar="DIR", help="also profile our side into DIR")
+    parser.add_argument("--verbose", action="store_true", help="print every run")
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
@@ -220,6 +249,10 @@ def main(argv=None) -> int:
         for _ in range(args.repeats):
             for kind in ("raw", "ours"):
                 result = measure(kind, size, args.seconds)
+                if args.verbose:
+                    print(f"{label} {kind}: {result['msgs_per_s']:,.0f} msg/s, CPU µs/msg "
+                          f"{_pair(result['cpu_us'])}, faults/msg {_pair(result['faults'])}",
+                          flush=True)
                 if kind not in best[label] or \
                         result["msgs_per_s"] > best[label][kind]["msgs_per_s"]:
                     best[label][kind] = result
@@ -231,7 +264,8 @@ def main(argv=None) -> int:
           f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
           f"Python {platform.python_version()}")
     header = f"{'payload':>8} | {'ours msg/s':>11} {'ours MB/s':>10} | " \
-             f"{'raw msg/s':>11} {'raw MB/s':>10} | {'ratio':>6}"
+             f"{'raw msg/s':>11} {'raw MB/s':>10} | {'ratio':>6} | " \
+             f"{'CPU µs/msg pub+sub ours / raw':>30} | {'faults/msg ours / raw':>21}"
     print(header)
     print("-" * len(header))
     ratios = {}
@@ -239,7 +273,9 @@ def main(argv=None) -> int:
         ours, raw = sides["ours"], sides["raw"]
         ratios[label] = round(ours["msgs_per_s"] / raw["msgs_per_s"], 3)
         print(f"{label:>8} | {ours['msgs_per_s']:11,.0f} {ours['mb_per_s']:10,.1f} | "
-              f"{raw['msgs_per_s']:11,.0f} {raw['mb_per_s']:10,.1f} | {ratios[label]:6.2f}")
+              f"{raw['msgs_per_s']:11,.0f} {raw['mb_per_s']:10,.1f} | {ratios[label]:6.2f} | "
+              f"{_pair(ours['cpu_us']):>14} / {_pair(raw['cpu_us']):>13} | "
+              f"{_pair(ours['faults']):>10} / {_pair(raw['faults']):>8}")
     targets = {"4KiB": 0.5, "64KiB": 0.7, "1MiB": 0.7}
     summary = {
         "ratios": ratios,

@@ -81,6 +81,10 @@ _CTRL = b"C"
 ZERO_COPY_MIN = 64 << 10
 
 
+def _nbytes(frame) -> int:
+    return frame.nbytes if type(frame) is not bytes else len(frame)
+
+
 def _as_bytes(frame) -> bytes:
     return frame if type(frame) is bytes else frame.bytes
 
@@ -112,7 +116,7 @@ class _Msg:
 
     def __init__(self, seq: int, frames: list, remaining: int):
         self.seq, self.frames, self.remaining = seq, frames, remaining
-        self.nbytes = sum(map(len, frames)) if len(frames) > 1 else len(frames[0])
+        self.nbytes = len(frames[0]) if len(frames) == 1 else sum(map(_nbytes, frames))
 
 
 @dataclass
@@ -144,7 +148,8 @@ class ReliablePublisher:
         self.stats = TopicStats()
         self.seq = 0
         self.groups = {g: _Group(g) for g in groups}
-        self._backlogs = [g.backlog for g in self.groups.values()]  # for cheap bound checks
+        # (backlog, group) of every group, for the per-message loop; stats.depth is the longest.
+        self._backlogs = [(g.backlog, g) for g in self.groups.values()]
         self._by_id: dict[bytes, tuple[_Group, _Member]] = {}
         self.sock = bus.sockets.make(zmq.ROUTER, hwm=0, router_mandatory=1)
         self.endpoint = bind(self.sock, endpoint)
@@ -160,34 +165,42 @@ class ReliablePublisher:
 
     async def send(self, msg) -> None:
         """Queue ``msg`` for every group; wait while any group's queue is at its bound."""
-        while self._full():
-            started = time.perf_counter()
-            self._space.clear()
-            await self._space.wait()
-            self.stats.wait_s += time.perf_counter() - started
-        self.seq += 1
-        frames = codec.encode(msg, self.bus.instance, self.seq)
-        record = _Msg(self.seq, frames, len(self.groups))
-        if self.groups:
+        stats = self.stats
+        if stats.depth >= self.hwm:
+            await self._wait_for_space()
+        self.seq = seq = self.seq + 1
+        frames = codec.encode(msg, self.bus.instance, seq)
+        record = _Msg(seq, frames, len(self._backlogs))
+        if self._backlogs:
             self._unfinished.append(record)
         else:
-            self.completed_through = self.seq
-        for group in self.groups.values():
-            backlog = group.backlog
+            self.completed_through = seq
+        depth = 0
+        for backlog, group in self._backlogs:
             backlog.append(record)
             # Pumps run on every change of credit or membership and stop only when the backlog
             # is empty or no member has credit: a backlog that was not empty has nobody to go to.
             if len(backlog) == 1:
                 self._pump(group)
-        self._update_depth()
-        self.stats.sent += 1
-        self.tap.mirror(self.topic, frames)
+            if len(backlog) > depth:
+                depth = len(backlog)
+        stats.depth = depth
+        stats.sent += 1
+        if self.tap.subscribers:
+            self.tap.mirror(self.topic, frames)
+
+    async def _wait_for_space(self) -> None:
+        started = time.perf_counter()
+        while self.stats.depth >= self.hwm:
+            self._space.clear()
+            await self._space.wait()
+        self.stats.wait_s += time.perf_counter() - started
 
     def _full(self) -> bool:
-        return max(map(len, self._backlogs), default=0) >= self.hwm
+        return self.stats.depth >= self.hwm
 
     def _update_depth(self) -> None:
-        self.stats.depth = max(map(len, self._backlogs), default=0)
+        self.stats.depth = max([len(backlog) for backlog, _ in self._backlogs], default=0)
 
     def pending(self) -> int:
         return sum(g.pending() for g in self.groups.values())
@@ -291,7 +304,7 @@ class ReliablePublisher:
             group = self.groups.get(msg.group)
             if group is None:  # a group the graph did not declare
                 group = self.groups[msg.group] = _Group(msg.group)
-                self._backlogs.append(group.backlog)
+                self._backlogs.append((group.backlog, group))
             member = _Member(routing_id, msg.instance, msg.credit)
             group.members[routing_id] = member
             self._by_id[routing_id] = (group, member)
@@ -563,8 +576,10 @@ class ReliableSubscriber:
         self._ack_previous(threshold=1)
 
     async def recv(self) -> codec.Envelope | None:
-        self._ack_previous()
-        while not self._queue:
+        if self._last is not None:
+            self._ack_previous()
+        queue = self._queue
+        while not queue:
             if self.leaving:
                 self._ack_previous(threshold=1)
                 if all(c.left for c in self.connections.values()):
@@ -572,10 +587,11 @@ class ReliableSubscriber:
             self._schedule_flush()
             self._event.clear()
             await self._event.wait()
-        conn, envelope = self._queue.popleft()
+        conn, envelope = queue.popleft()
         self._last = conn
-        self.stats.received += 1
-        self.stats.depth = len(self._queue)
+        stats = self.stats
+        stats.received += 1
+        stats.depth = len(queue)
         return envelope
 
     def __aiter__(self):
@@ -990,6 +1006,7 @@ class Bus:
         self.subscriptions = tuple(subscriptions)
         self.sockets = sockets or SocketFactory()
         self.publishers: dict[str, ReliablePublisher | BroadcastPublisher] = {}
+        self._reliable: list[ReliablePublisher] = []  # the reliable ones, for watermark()
         self.subscribers: dict[str, ReliableSubscriber | BroadcastSubscriber] = {}
         self.servers: dict[str, ServiceServer] = {}
         self.clients: dict[str, ServiceClient] = {}
@@ -1008,6 +1025,7 @@ class Bus:
             if spec.delivery == RELIABLE:
                 pub = ReliablePublisher(self, topic, endpoint, spec.hwm,
                                         self.consumer_groups.get(topic, []))
+                self._reliable.append(pub)
             else:
                 pub = BroadcastPublisher(self, topic, endpoint, spec.hwm, spec.delivery)
             self.publishers[topic] = pub
@@ -1041,8 +1059,9 @@ class Bus:
         """``(publisher, seq)`` for every reliable publisher of this node with messages not
         yet acknowledged by all its consumers: an input handled now may be acknowledged only
         once each of those publishers completed through ``seq``."""
-        return tuple((pub, pub.seq) for pub in self.publishers.values()
-                     if isinstance(pub, ReliablePublisher) and pub.completed_through < pub.seq)
+        if not self._reliable:
+            return ()
+        return tuple((pub, pub.seq) for pub in self._reliable if pub.completed_through < pub.seq)
 
     def on_output_acknowledged(self) -> None:
         for sub in self.subscribers.values():
@@ -1128,4 +1147,5 @@ class Bus:
             for part in reversed(list(group.values())):
                 part.close()
             group.clear()
+        self._reliable.clear()
         self.sockets.close_all()

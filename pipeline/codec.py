@@ -1,18 +1,30 @@
-"""Wire codec: a msgpack envelope plus one frame per large array buffer. No pickle, ever.
+"""Wire codec: a fixed binary header, msgpack for the fields, one frame per large array.
+No pickle, ever.
 
 A message on the wire is ``[envelope, buffer_0, buffer_1, ...]`` (the bus puts routing or
-topic frames in front). The envelope is msgpack of::
+topic frames in front). The envelope is, back to back::
 
-    {"k": kind, "s": sender, "n": sequence, "t": send time, "v": schema version, "p": payload}
+    header    _HEADER: u8 schema version, u8 kind length, u16 sender length,
+              u32 array-table length, u32 body length, i64 sequence, f64 send time
+    kind      utf-8
+    sender    utf-8
+    arrays    one descriptor per array: u8 dtype code, u8 flags, u8 ndim, ndim x u64 dims
+    body      msgpack array of the message's field values, in declaration order
+    inline    the bytes of the inline arrays, back to back
 
-Arrays inside the payload are replaced by a msgpack extension. An array of at least
-:data:`INLINE_MAX` bytes becomes ``(frame index, dtype, shape, is_torch)`` and its bytes travel
-as a separate frame that zmq sends without copying; a smaller one carries its bytes inside the
-extension (one copy, but no frame: a frame costs more than copying a few KiB). Tuples are kept
-apart from lists by another extension so nested tuples round-trip.
+Why a fixed header instead of a msgpack map: the map's keys, the per-array extension hooks and
+the checks on decoded Python objects cost more than the rest of a small message's trip.
 
-:func:`decode` trusts nothing: any malformed, truncated or unknown message raises
-:class:`ProtocolError` with a one-line reason, which receivers count and log.
+Each array in the fields is an empty msgpack extension in the body that stands for the next
+descriptor of the table, in order. An array of at least :data:`INLINE_MAX` bytes is *framed*
+(flag 4): its bytes travel as the next buffer frame, which zmq sends without copying; a smaller
+one is *inline*: its bytes follow the body (one copy, but no frame: a frame costs more than
+copying a few KiB). Flag 1 marks a torch tensor, flag 2 a bfloat16 tensor (int16 bits).
+Tuples are another extension (a nested msgpack array), so nested tuples round-trip.
+
+:func:`decode` trusts nothing: the lengths must add up exactly, every descriptor and frame is
+checked, and any malformed, truncated or unknown message raises :class:`ProtocolError` with a
+one-line reason, which receivers count and log.
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 import struct
 import sys
 import threading
@@ -30,26 +43,34 @@ from typing import Any, NamedTuple
 import msgpack
 import numpy as np
 
-from pipeline.messages import SCHEMA_VERSION, message_class
+from pipeline.messages import SCHEMA_VERSION, WIRE_KINDS
 
 # Arrays decoded from zmq frames are read-only views; torch warns about that on every
 # conversion. Receivers that need to write copy explicitly.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 warnings.filterwarnings("ignore", message="The given buffer is not writable")
 
-_EXT_ARRAY = 1  # (frame index, dtype, shape, is_torch); the bytes are frame ``index + 1``
-_EXT_TUPLE = 2
-_EXT_INLINE = 3  # u16 descriptor length, msgpack (dtype, shape, is_torch), the array's bytes
-_ALLOWED_KINDS = frozenset("biuf")
-_BF16 = "bf16"
-_U16 = struct.Struct("<H")
-# msgpack.ExtType's __new__ re-checks its arguments in Python on every array; ours are right.
-_ext = functools.partial(tuple.__new__, msgpack.ExtType)
-_ENVELOPE_KEYS = frozenset("ksntvp")
+_HEADER = struct.Struct("<BBHIIqd")
+_HEADER_SIZE = _HEADER.size
+_EXT_ARRAY = 1  # empty: the next descriptor of the array table
+_EXT_TUPLE = 2  # a msgpack array
+# Every array in a body is this same object: building an ExtType per array costs more than
+# packing it.
+_ARRAY_REF = msgpack.ExtType(_EXT_ARRAY, b"")
+_TORCH, _BF16, _FRAMED = 1, 2, 4
+_FLAGS = _TORCH | _BF16 | _FRAMED
+# dtype codes: the position in this tuple. Append only (codes are the wire format).
+_DTYPE_NAMES = ("|b1", "|u1", "|i1", "<u2", "<i2", "<f2", "<u4", "<i4", "<f4", "<u8", "<i8",
+                "<f8", ">u2", ">i2", ">f2", ">u4", ">i4", ">f4", ">u8", ">i8", ">f8")
+_DTYPES = tuple(np.dtype(name) for name in _DTYPE_NAMES)
+_CODES = {dtype: code for code, dtype in enumerate(_DTYPES)}
+_INT16 = _CODES[np.dtype("<i2")]
+MAX_NDIM = 32
+_DIM_LIMIT = 1 << 63  # numpy sizes are signed 64-bit
 # Arrays below this many bytes travel inside the envelope. Read at every encode, so tests can
 # force either path.
 INLINE_MAX = 16 << 10
-_CACHE_SIZE = 256  # per-thread caches of array descriptors (bounded: a peer may send anything)
+_CACHE_SIZE = 256  # entries per cache of what peers send
 # Every tuple level is a nested msgpack call, and each unpacker keeps ~40 KB of state on the C
 # stack: a couple of hundred levels overflow it and the process dies (SIGSEGV) instead of raising.
 MAX_TUPLE_DEPTH = 32
@@ -67,29 +88,103 @@ class Envelope(NamedTuple):
     message: Any
 
 
-class _Encoder(threading.local):
-    """Reusable msgpack packers, one set per thread.
+_new_envelope = functools.partial(tuple.__new__, Envelope)  # skips NamedTuple's Python __new__
+
+
+class _Spec(NamedTuple):
+    """A checked array descriptor."""
+
+    dtype: np.dtype
+    shape: tuple
+    count: int
+    nbytes: int
+    flags: int
+
+
+class _Kind(NamedTuple):
+    """What encode and decode need to know about a message class, computed once."""
+
+    name: str
+    name_bytes: bytes
+    fields: tuple  # names in declaration order
+    values: Any  # msg -> list of its field values
+    checks: tuple  # (index, name, accepted types, annotation) of simply typed fields
+
+
+_SIMPLE_TYPES = {"int": (int,), "float": (float, int), "str": (str,), "bool": (bool,),
+                 "dict": (dict,), "list": (list,), "bytes": (bytes,)}
+
+# Caches shared by every thread (a dict operation is atomic); those filled from what peers send
+# are bounded, since a peer may send anything.
+_KINDS: dict[type, _Kind] = {}
+_SENDER_BYTES: dict[str, bytes] = {}
+_SENDERS: dict[bytes, str] = {}
+_DESCRIPTORS: dict[tuple, bytes] = {}  # (dtype code, shape, flags) -> descriptor
+_SPECS: dict[bytes, _Spec] = {}  # descriptor -> what it was checked to describe
+# Per-thread state of the message being encoded or decoded.
+_local = threading.local()
+
+
+def _kind_of(cls) -> _Kind:
+    kind = _KINDS.get(cls)
+    if kind is not None:
+        return kind
+    fields = dataclasses.fields(cls)
+    names = tuple(f.name for f in fields)
+    checks = []
+    for index, f in enumerate(fields):
+        annotation = f.type if isinstance(f.type, str) else f.type.__name__
+        expected = _SIMPLE_TYPES.get(annotation)
+        if expected is not None:
+            checks.append((index, f.name, expected, annotation))
+    if len(names) > 1:
+        getter = operator.attrgetter(*names)
+
+        def values(msg):
+            return list(getter(msg))
+    else:
+        def values(msg):
+            return [getattr(msg, name) for name in names]
+    kind = _KINDS[cls] = _Kind(cls.KIND, cls.KIND.encode(), names, values, tuple(checks))
+    return kind
+
+
+def _remember(cache: dict, key, value):
+    if len(cache) >= _CACHE_SIZE:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+# --- encode --------------------------------------------------------------------------------------
+
+
+class _Encoder:
+    """A reusable msgpack packer and the array lists of the message being encoded (one per
+    thread).
 
     Why: ``msgpack.packb`` builds a new Packer (and its buffer) on every call, which costs more
     than packing a small message; reusing one makes encode several times cheaper. The
-    ``default`` hook needs the message's buffer list, so the state lives here, per thread.
+    ``default`` hook adds each array to the message's table, so that state lives here.
     """
 
+    __slots__ = ("table", "inline", "frames", "kind", "depth", "packer")
+
     def __init__(self):
-        self.buffers: list = []
+        self.table: list = []  # descriptors
+        self.inline: list = []  # inline arrays' buffers
+        self.frames: list = []  # framed arrays' buffers
         self.kind = ""
         self.depth = 0
         self.packer = msgpack.Packer(default=self.default, use_bin_type=True,
                                      strict_types=True, autoreset=True)
-        self.meta = msgpack.Packer(use_bin_type=True, autoreset=True)
-        self.inline_heads: dict[tuple, bytes] = {}  # (dtype, shape, is_torch) -> ext head
 
     def default(self, obj):
         if isinstance(obj, np.ndarray):
-            return self.array_ext(obj, is_torch=False)
+            return self.array(obj, 0)
         torch = sys.modules.get("torch")  # a process without torch has no tensors to send
         if torch is not None and isinstance(obj, torch.Tensor):
-            return _tensor_ext(obj, self)
+            return _tensor_ref(obj, self)
         if isinstance(obj, tuple):
             if self.depth >= MAX_TUPLE_DEPTH:
                 raise TypeError(f"tuples nested deeper than {MAX_TUPLE_DEPTH} cannot travel")
@@ -103,115 +198,105 @@ class _Encoder(threading.local):
             return obj.item()
         raise TypeError(f"cannot encode {type(obj).__name__} in message {self.kind!r}")
 
-    def array_ext(self, arr: np.ndarray, is_torch: bool, dtype_tag: str | None = None):
-        if arr.dtype.kind not in _ALLOWED_KINDS:
+    def array(self, arr: np.ndarray, flags: int):
+        code = _CODES.get(arr.dtype)
+        if code is None:
             raise TypeError(f"arrays of dtype {arr.dtype} cannot travel on the wire")
         if arr.nbytes < INLINE_MAX:
-            key = (dtype_tag or arr.dtype.str, arr.shape, is_torch)
-            head = self.inline_heads.get(key)
-            if head is None:
-                if len(self.inline_heads) >= _CACHE_SIZE:
-                    self.inline_heads.clear()
-                meta = self.meta.pack(key)
-                head = self.inline_heads[key] = _U16.pack(len(meta)) + meta
-            # tobytes() is C order for any layout, so strides need no special case.
-            return _ext((_EXT_INLINE, head + arr.tobytes()))
-        if not arr.flags.c_contiguous:  # np.ascontiguousarray would turn 0-d into 1-d
-            arr = arr.copy(order="C")
-        index = len(self.buffers)
-        # A 0-d or empty array still gets a frame so frame indices stay simple.
-        self.buffers.append(arr.reshape(-1).view(np.uint8) if arr.size else b"")
-        meta = (index, dtype_tag or arr.dtype.str, arr.shape, is_torch)
-        return _ext((_EXT_ARRAY, self.meta.pack(meta)))
-
-
-_encoder = _Encoder()
+            # Joined into the envelope as is when contiguous; tobytes() is C order otherwise.
+            self.inline.append(arr if arr.flags.c_contiguous else arr.tobytes())
+        else:
+            flags |= _FRAMED
+            if not arr.flags.c_contiguous:  # np.ascontiguousarray would turn 0-d into 1-d
+                arr = arr.copy(order="C")
+            # A 0-d or empty array still gets a frame so that frames and descriptors pair up.
+            self.frames.append(arr.reshape(-1).view(np.uint8) if arr.size else b"")
+        key = (code, arr.shape, flags)
+        descriptor = _DESCRIPTORS.get(key)
+        if descriptor is None:
+            if arr.ndim > MAX_NDIM:
+                raise TypeError(f"arrays of more than {MAX_NDIM} dimensions cannot travel")
+            descriptor = _remember(_DESCRIPTORS, key, struct.pack(
+                f"<3B{arr.ndim}Q", code, flags, arr.ndim, *arr.shape))
+        self.table.append(descriptor)
+        return _ARRAY_REF
 
 
 def encode(msg: Any, sender: str = "", seq: int = 0) -> list:
     """Frames for ``msg`` (a registered message dataclass). Large array buffers are not
     copied; arrays below :data:`INLINE_MAX` bytes are copied into the envelope."""
-    enc = _encoder
-    enc.buffers, enc.kind, enc.depth = [], msg.KIND, 0
-    payload = {name: getattr(msg, name) for name in _field_info(type(msg))[2]}
-    envelope = {
-        "k": msg.KIND,
-        "s": sender,
-        "n": seq,
-        "t": time.time(),
-        "v": SCHEMA_VERSION,
-        "p": payload,
-    }
+    kind = _KINDS.get(type(msg)) or _kind_of(type(msg))
     try:
-        head = enc.packer.pack(envelope)
+        enc = _local.encoder
+    except AttributeError:
+        enc = _local.encoder = _Encoder()
+    enc.kind = kind.name
+    try:
+        body = enc.packer.pack(kind.values(msg))
     except BaseException:
         enc.packer.reset()  # a failed pack leaves partial bytes behind
+        enc.table, enc.inline, enc.frames, enc.depth = [], [], [], 0
         raise
-    buffers, enc.buffers = enc.buffers, []
-    return [head, *buffers]
+    sender_bytes = _SENDER_BYTES.get(sender) or _remember(_SENDER_BYTES, sender, sender.encode())
+    name = kind.name_bytes
+    if not enc.table:
+        return [b"".join([_HEADER.pack(SCHEMA_VERSION, len(name), len(sender_bytes), 0,
+                                       len(body), seq, time.time()),
+                          name, sender_bytes, body])]
+    table, inline, frames = b"".join(enc.table), enc.inline, enc.frames
+    enc.table, enc.inline, enc.frames = [], [], []
+    envelope = b"".join([_HEADER.pack(SCHEMA_VERSION, len(name), len(sender_bytes), len(table),
+                                      len(body), seq, time.time()),
+                         name, sender_bytes, table, body, *inline])
+    return [envelope, *frames] if frames else [envelope]
 
 
-def _tensor_ext(tensor, enc: _Encoder):
+def _tensor_ref(tensor, enc: _Encoder):
     import torch
 
     tensor = tensor.detach()
     if tensor.device.type != "cpu":
         tensor = tensor.cpu()
     if tensor.dtype == torch.bfloat16:
-        return enc.array_ext(tensor.view(torch.int16).numpy(), True, _BF16)
-    return enc.array_ext(tensor.numpy(), is_torch=True)
+        return enc.array(tensor.view(torch.int16).numpy(), _TORCH | _BF16)
+    return enc.array(tensor.numpy(), _TORCH)
 
 
-class _Decoder(threading.local):
-    """Per-thread decoding state: the message's buffers, the ext hook bound once, and a cache
-    of checked inline-array descriptors (the same few shapes arrive over and over)."""
+# --- decode --------------------------------------------------------------------------------------
+
+
+class _Decoder:
+    """The arrays of the message being decoded and the ext hook that hands them out in order
+    (one per thread)."""
+
+    __slots__ = ("arrays", "next", "depth", "hook")
 
     def __init__(self):
-        self.views: list = []
-        self.used: set[int] = set()
+        self.arrays: list = []
+        self.next = 0
         self.depth = 0
         self.hook = self.ext_hook
-        self.inline_specs: dict[bytes, tuple] = {}
-
-    def unpack(self, data):
-        return msgpack.unpackb(data, ext_hook=self.hook, raw=False, strict_map_key=False)
 
     def ext_hook(self, code, data):
-        if code == _EXT_INLINE:
-            return self.inline(data)
+        if code == _EXT_ARRAY:
+            index = self.next
+            if data:
+                raise ProtocolError("array reference with a payload")
+            if index >= len(self.arrays):
+                raise ProtocolError(f"array reference {index} past a table of "
+                                    f"{len(self.arrays)}")
+            self.next = index + 1
+            return self.arrays[index]
         if code == _EXT_TUPLE:
             if self.depth >= MAX_TUPLE_DEPTH:
                 raise ProtocolError(f"tuples nested deeper than {MAX_TUPLE_DEPTH}")
             self.depth += 1
             try:
-                return tuple(self.unpack(data))
+                return tuple(msgpack.unpackb(data, ext_hook=self.hook, raw=False,
+                                             strict_map_key=False))
             finally:
                 self.depth -= 1
-        if code == _EXT_ARRAY:
-            return _decode_array(data, self.views, self.used)
         raise ProtocolError(f"unknown extension type {code}")
-
-    def inline(self, data: bytes):
-        start = 2 + (_U16.unpack_from(data)[0] if len(data) >= 2 else 0)
-        head = data[:start]
-        spec = self.inline_specs.get(head)
-        if spec is None:
-            try:
-                dtype_tag, shape, is_torch = msgpack.unpackb(data[2:start], raw=False)
-            except Exception:
-                raise ProtocolError("malformed array descriptor") from None
-            spec = (*_array_spec(dtype_tag, shape, is_torch), is_torch)
-            if len(self.inline_specs) >= _CACHE_SIZE:
-                self.inline_specs.clear()
-            self.inline_specs[head] = spec
-        dtype, shape, bf16, count, is_torch = spec
-        if len(data) - start != count * dtype.itemsize:
-            _check_length(len(data) - start, shape, dtype, count)
-        arr = np.frombuffer(data, dtype=dtype, count=count, offset=start).reshape(shape)
-        return _as_tensor(arr, bf16) if is_torch else arr
-
-
-_decoder = _Decoder()
 
 
 def decode(frames: list, offset: int = 0, end: int | None = None) -> Envelope:
@@ -223,45 +308,116 @@ def decode(frames: list, offset: int = 0, end: int | None = None) -> Envelope:
     """
     if not frames:
         raise ProtocolError("empty message")
-    dec = _decoder
-    dec.views = views = [f if type(f) is bytes else _as_buffer(f) for f in frames]
-    dec.used = used = set()
-    dec.depth = 0
+    data = frames[0]
+    if type(data) is not bytes:
+        data = _as_buffer(data)
+    if end is None:
+        end = len(data)
+    if end - offset < _HEADER_SIZE:
+        raise ProtocolError(f"envelope of {max(0, end - offset)} bytes is shorter than its header")
+    version, kind_len, sender_len, table_len, body_len, seq, sent_at = \
+        _HEADER.unpack_from(data, offset)
+    if version != SCHEMA_VERSION:
+        raise ProtocolError(f"schema version {version}, expected {SCHEMA_VERSION}")
+    kind_at = offset + _HEADER_SIZE
+    table_at = kind_at + kind_len + sender_len
+    body_at = table_at + table_len
+    inline_at = body_at + body_len
+    if inline_at > end:
+        raise ProtocolError(f"envelope of {end - offset} bytes is shorter than its header "
+                            f"says ({inline_at - offset} before the inline arrays)")
+    # The small parts as bytes (slices of a bytes envelope are bytes already); in a copy,
+    # positions are ``offset`` less than in the envelope.
+    if type(data) is bytes:
+        meta = data
+    else:
+        meta = bytes(data[offset:inline_at])
+        kind_at, table_at, body_at = kind_at - offset, table_at - offset, body_at - offset
+    raw = meta[kind_at:kind_at + kind_len]
+    cls = WIRE_KINDS.get(raw)
+    if cls is None:
+        raise ProtocolError(f"unknown message kind {_short(raw)}")
+    raw = meta[kind_at + kind_len:table_at]
+    sender = _SENDERS.get(raw)
+    if sender is None:
+        try:
+            sender = _remember(_SENDERS, raw, raw.decode())
+        except UnicodeDecodeError:
+            raise ProtocolError("sender in envelope is not utf-8") from None
+
+    arrays = []
+    if table_len:
+        inline_at = _decode_arrays(frames, data, meta, table_at, body_at, inline_at, end, arrays)
+    elif len(frames) > 1:
+        raise ProtocolError(f"{len(frames) - 1} buffer frames but 0 referenced")
+    if inline_at != end:
+        raise ProtocolError(f"envelope has {end - inline_at} bytes after its inline arrays")
+
     try:
-        envelope = dec.unpack(memoryview(views[0])[offset:end]
-                              if offset or end is not None else views[0])
+        dec = _local.decoder
+    except AttributeError:
+        dec = _local.decoder = _Decoder()
+    dec.arrays, dec.next, dec.depth = arrays, 0, 0
+    try:
+        values = msgpack.unpackb(meta[body_at:body_at + body_len], ext_hook=dec.hook, raw=False,
+                                 strict_map_key=False)
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack raises a zoo of types on garbage
-        raise ProtocolError(f"undecodable envelope: {type(exc).__name__}: {exc}") from None
+        raise ProtocolError(f"undecodable body: {type(exc).__name__}: {_short(exc)}") from None
     finally:
-        dec.views = []  # do not keep the frames alive
-    if type(envelope) is not dict or not envelope.keys() >= _ENVELOPE_KEYS:
-        raise ProtocolError("envelope is not a map with keys k, s, n, t, v, p")
-    kind, version, payload = envelope["k"], envelope["v"], envelope["p"]
-    # type() first: an array here would make ``!=`` ambiguous instead of False.
-    if type(version) is not int or version != SCHEMA_VERSION:
-        raise ProtocolError(f"schema version {_short(version)}, expected {SCHEMA_VERSION}")
-    cls = message_class(kind) if type(kind) is str else None
-    if cls is None:
-        raise ProtocolError(f"unknown message kind {_short(kind)}")
-    if type(payload) is not dict:
-        raise ProtocolError(f"{kind}: payload is not a map")
-    if len(used) != len(views) - 1:
-        raise ProtocolError(f"{kind}: {len(views) - 1} buffer frames but {len(used)} referenced")
-    names, checks, _ = _field_info(cls)
-    if payload.keys() != names:
-        missing, extra = sorted(names - payload.keys()), sorted(payload.keys() - names)
-        raise ProtocolError(f"{kind}: fields do not match (missing {missing}, unexpected {extra})")
-    for name, expected, annotation in checks:
-        value = payload[name]
-        if type(value) not in expected:
-            raise ProtocolError(
-                f"{kind}: field {name!r} should be {annotation}, got {type(value).__name__}")
-    sender, seq, sent_at = envelope["s"], envelope["n"], envelope["t"]
-    if type(sender) is not str or type(seq) is not int or type(sent_at) is not float:
-        raise ProtocolError(f"{kind}: bad sender/sequence/time in envelope")
-    return Envelope(kind, sender, seq, sent_at, cls(**payload))
+        dec.arrays = []  # do not keep the frames alive
+    if dec.next != len(arrays):
+        raise ProtocolError(f"{len(arrays)} arrays described but {dec.next} referenced")
+    kind = _KINDS.get(cls) or _kind_of(cls)
+    if type(values) is not list or len(values) != len(kind.fields):
+        raise ProtocolError(f"{kind.name}: body is not a list of the {len(kind.fields)} "
+                            f"fields {kind.fields}")
+    for index, name, expected, annotation in kind.checks:
+        if type(values[index]) not in expected:
+            raise ProtocolError(f"{kind.name}: field {name!r} should be {annotation}, "
+                                f"got {type(values[index]).__name__}")
+    return _new_envelope((kind.name, sender, seq, sent_at, cls(*values)))
+
+
+def _decode_arrays(frames, data, meta, at: int, table_end: int, inline_at: int, end: int,
+                   arrays: list) -> int:
+    """Check the array table ``meta[at:table_end]`` against the frames and the inline bytes
+    of ``data``; append the arrays (views, no copies); return where the inline bytes end."""
+    frame = 1
+    while at < table_end:
+        if at + 3 > table_end or at + 3 + 8 * meta[at + 2] > table_end:
+            raise ProtocolError("truncated array descriptor")
+        descriptor = meta[at:at + 3 + 8 * meta[at + 2]]
+        at += len(descriptor)
+        spec = _SPECS.get(descriptor) or _remember(_SPECS, descriptor,
+                                                   _check_descriptor(descriptor))
+        dtype, shape, count, nbytes, flags = spec
+        if flags & _FRAMED:
+            if frame >= len(frames):
+                raise ProtocolError(f"array refers to missing or reused frame {frame - 1}")
+            buffer = frames[frame]
+            if type(buffer) is not bytes:
+                buffer = _as_buffer(buffer)
+            frame += 1
+            if len(buffer) != nbytes:
+                raise ProtocolError(f"array frame has {len(buffer)} bytes, shape {shape} of "
+                                    f"{dtype} needs {nbytes}")
+            arr = np.frombuffer(buffer, dtype, count)
+        else:
+            if inline_at + nbytes > end:
+                raise ProtocolError(f"inline array of {nbytes} bytes, shape {shape} of "
+                                    f"{dtype}, runs past the end of the envelope")
+            arr = np.frombuffer(data, dtype, count, inline_at)
+            inline_at += nbytes
+        if len(shape) != 1:
+            arr = arr.reshape(shape)
+        if flags & _TORCH:
+            arr = _as_tensor(arr, flags & _BF16)
+        arrays.append(arr)
+    if frame != len(frames):
+        raise ProtocolError(f"{len(frames) - 1} buffer frames but {frame - 1} referenced")
+    return inline_at
 
 
 def _short(value) -> str:
@@ -280,74 +436,29 @@ def _as_buffer(frame):
         raise ProtocolError(f"frame of type {type(frame).__name__} is not a buffer") from None
 
 
-def _array_spec(dtype_tag, shape, is_torch) -> tuple[np.dtype, tuple, bool, int]:
-    """Check a descriptor's (dtype, shape, is_torch); return (dtype, shape, bf16, count)."""
-    if (type(dtype_tag) is not str or type(shape) is not list
-            or not all(type(d) is int for d in shape) or type(is_torch) is not bool):
-        raise ProtocolError("malformed array descriptor")
-    shape = tuple(shape)
-    if any(d < 0 for d in shape):
-        raise ProtocolError(f"negative array dimension in {shape}")
-    bf16 = dtype_tag == _BF16
-    if bf16 and not is_torch:
-        raise ProtocolError("bfloat16 travels only as a torch tensor")
-    try:
-        dtype = _dtype(dtype_tag)
-    except TypeError:
-        raise ProtocolError(f"unknown dtype {dtype_tag!r}") from None
-    if dtype.kind not in _ALLOWED_KINDS:
-        raise ProtocolError(f"dtype {dtype} not allowed on the wire")
-    return dtype, shape, bf16, math.prod(shape)  # Python ints: a hostile shape cannot overflow
+def _check_descriptor(descriptor: bytes) -> _Spec:
+    """Check an array descriptor (code, flags, ndim, dims) and say what it describes."""
+    code, flags, ndim = descriptor[0], descriptor[1], descriptor[2]
+    if code >= len(_DTYPES):
+        raise ProtocolError(f"unknown dtype code {code}")
+    if flags & ~_FLAGS:
+        raise ProtocolError(f"unknown array flags {flags:#x}")
+    if flags & _BF16 and (not flags & _TORCH or code != _INT16):
+        raise ProtocolError("bfloat16 travels only as a torch tensor of int16 bits")
+    if ndim > MAX_NDIM:
+        raise ProtocolError(f"array of {ndim} dimensions (at most {MAX_NDIM})")
+    shape = struct.unpack_from(f"<{ndim}Q", descriptor, 3)
+    dtype = _DTYPES[code]
+    count = math.prod(shape)  # Python ints: a hostile shape cannot overflow
+    # numpy's sizes are signed 64-bit, also for a shape with a zero in it.
+    if any(d >= _DIM_LIMIT for d in shape) or \
+            math.prod(d for d in shape if d) * dtype.itemsize >= _DIM_LIMIT:
+        raise ProtocolError(f"array shape {shape} is too large")
+    return _Spec(dtype, shape, count, count * dtype.itemsize, flags)
 
 
-@functools.lru_cache(maxsize=64)
-def _dtype(tag: str) -> np.dtype:
-    return np.dtype("<i2" if tag == _BF16 else tag)
-
-
-def _check_length(nbytes: int, shape, dtype, count: int) -> None:
-    if nbytes != count * dtype.itemsize:
-        raise ProtocolError(
-            f"array frame has {nbytes} bytes, shape {shape} of {dtype} needs "
-            f"{count * dtype.itemsize}"
-        )
-
-
-def _decode_array(data, views, used):
-    try:
-        index, dtype_tag, shape, is_torch = msgpack.unpackb(data, raw=False)
-    except Exception:
-        raise ProtocolError("malformed array descriptor") from None
-    dtype, shape, bf16, count = _array_spec(dtype_tag, shape, is_torch)
-    if type(index) is not int or not 0 <= index < len(views) - 1 or index in used:
-        raise ProtocolError(f"array refers to missing or reused frame {index!r}")
-    used.add(index)
-    buffer = views[index + 1]
-    _check_length(len(buffer), shape, dtype, count)
-    arr = np.frombuffer(buffer, dtype=dtype, count=count).reshape(shape)
-    return _as_tensor(arr, bf16) if is_torch else arr
-
-
-def _as_tensor(arr: np.ndarray, bf16: bool):
+def _as_tensor(arr: np.ndarray, bf16: int):
     import torch  # only processes that receive tensors pay for importing torch
 
     tensor = torch.from_numpy(arr)
     return tensor.view(torch.bfloat16) if bf16 else tensor
-
-
-_SIMPLE_TYPES = {"int": (int,), "float": (float, int), "str": (str,), "bool": (bool,),
-                 "dict": (dict,), "list": (list,), "bytes": (bytes,)}
-
-
-@functools.cache
-def _field_info(cls) -> tuple[frozenset, tuple, tuple]:
-    """Field names, the simple-type checks (``Any`` is left to the handler) and the ordered
-    names of a message class. Cached: encode and decode run for every message."""
-    checks = []
-    for f in dataclasses.fields(cls):
-        annotation = f.type if isinstance(f.type, str) else f.type.__name__
-        expected = _SIMPLE_TYPES.get(annotation)
-        if expected is not None:
-            checks.append((f.name, expected, annotation))
-    names = tuple(f.name for f in dataclasses.fields(cls))
-    return frozenset(names), tuple(checks), names

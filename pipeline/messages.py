@@ -14,9 +14,11 @@ import contextlib
 import dataclasses
 from typing import Any, ClassVar
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # of the wire format (pipeline.codec): 2 is the fixed binary header
 
 _REGISTRY: dict[str, type] = {}
+# The same registry keyed by the kind's utf-8 bytes, as it is on the wire (for the codec).
+WIRE_KINDS: dict[bytes, type] = {}
 
 
 def message(kind: str):
@@ -28,6 +30,7 @@ def message(kind: str):
             raise ValueError(f"message kind {kind!r} declared twice")
         cls.KIND = kind
         _REGISTRY[kind] = cls
+        WIRE_KINDS[kind.encode()] = cls
         return cls
 
     return wrap
