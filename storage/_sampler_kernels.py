@@ -33,7 +33,7 @@ from storage._tree_kernels import (
     max_write,
     min_write,
     scrub_after,
-    settle_emptied,
+    settle,
     sum_write,
 )
 
@@ -109,8 +109,8 @@ def update_priorities(
     max_length = params[_MAX_LENGTH]
     nnz_delta = 0
     writes = 0
-    emptied = np.empty(n, dtype=np.int64)
-    num_emptied = 0
+    to_settle = np.empty(n, dtype=np.int64)
+    count = 0
     for j in range(n):
         env = env_ids[j]
         pos = positions[j]
@@ -127,14 +127,15 @@ def update_priorities(
             max_write(max_values, layout, slot, p)
         starts = _starts(env, pos, slot, current_pos, current_size, evicted, params)
         w = leaf_weight(p, starts, params, per)
-        nnz_delta += sum_write(sum_values, layout, slot, w)
+        change, unsettled = sum_write(sum_values, layout, slot, w)
+        nnz_delta += change
         writes += 1
-        if w == 0.0:
-            emptied[num_emptied] = slot
-            num_emptied += 1
+        if unsettled:
+            to_settle[count] = slot
+            count += 1
         if min_values.shape[0]:
             min_write(min_values, layout, slot, w if w > 0.0 else math.inf)
-    settle_emptied(sum_values, layout, emptied, num_emptied)
+    settle(sum_values, layout, to_settle, count)
     scrub_after(sum_values, layout, sum_state, writes)
     sum_state[STATE_NNZ] += nnz_delta
     return OK
@@ -206,8 +207,8 @@ def refresh(
     max_length = params[_MAX_LENGTH]
     n = env_ids.shape[0]
     nnz_delta = 0
-    emptied = np.empty(n, dtype=np.int64)
-    num_emptied = 0
+    to_settle = np.empty(n, dtype=np.int64)
+    count = 0
     for j in range(n):
         env = env_ids[j]
         pos = positions[j]
@@ -217,13 +218,14 @@ def refresh(
         slot = env * max_length + pos % max_length
         starts = _starts(env, pos, slot, current_pos, current_size, evicted, params)
         w = leaf_weight(priority[slot], starts, params, per)
-        nnz_delta += sum_write(sum_values, layout, slot, w)
-        if w == 0.0:
-            emptied[num_emptied] = slot
-            num_emptied += 1
+        change, unsettled = sum_write(sum_values, layout, slot, w)
+        nnz_delta += change
+        if unsettled:
+            to_settle[count] = slot
+            count += 1
         if min_values.shape[0]:
             min_write(min_values, layout, slot, w if w > 0.0 else math.inf)
-    settle_emptied(sum_values, layout, emptied, num_emptied)
+    settle(sum_values, layout, to_settle, count)
     scrub_after(sum_values, layout, sum_state, n)
     sum_state[STATE_NNZ] += nnz_delta
 

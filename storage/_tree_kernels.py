@@ -16,15 +16,18 @@ Every layout fact a kernel needs sits in one int64 array (fewer arguments to pas
 with ``num_levels + 1`` offsets, the last one being the root's slot.
 
 Sum trees are updated by deltas: a leaf change ``new - old`` is added to each ancestor,
-one addition per level, instead of re-adding ``fanout`` children per level (4x fewer
-operations at 2^20 leaves, and no dependent chain of additions). Deltas round, so three
-rules keep the sums exact enough to sample without bias:
+one addition per level, instead of re-adding ``fanout`` children per level (several
+times fewer operations at 2^20 leaves, and no dependent chain of additions). Deltas
+round, and a sum that loses most of its value by subtraction keeps the rounding of the
+large value it had; three rules keep the sums exact enough to sample without bias:
 
-* a subtree that becomes empty is re-summed from its children at once, so an empty
-  subtree is exactly 0 and a search (which never enters a child of value <= 0) can never
-  reach a zero leaf;
-* every update also re-sums as many leaves as it wrote, exactly, continuing a post-order
-  sweep of the tree (``scrub``), so no node carries rounding from more than the last
+* the ancestors of a leaf set to 0, or of a leaf whose delta left some ancestor with
+  less than ``1 / CANCELLATION`` of the delta, are re-summed from their children along
+  the leaf's path (``settle``). An empty subtree is thus exactly 0, so a search (which
+  never enters a child of value <= 0) cannot reach a zero leaf, and no node keeps
+  rounding from values much larger than its own;
+* every update also re-sums as many leaves as it wrote, continuing a post-order sweep of
+  the tree (``scrub``), so no node carries rounding from more than the last
   ``capacity`` leaf writes however long the buffer runs;
 * ``resum`` rebuilds every node exactly (fill, load, checkpoint).
 
@@ -49,6 +52,9 @@ _HEADER = 4  # layout slots before the offsets
 
 # Slots of a sum tree's int64 ``state`` array.
 STATE_CURSOR, STATE_NNZ = 0, 1
+
+# A delta larger than this many times the ancestor's new value calls for a re-sum.
+CANCELLATION = 1024.0
 
 
 def make_layout(num_levels: int, fanout: int, capacity: int, offsets) -> np.ndarray:
@@ -112,65 +118,80 @@ def resum(values, layout, op):
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _add_up(values, layout, level, node, delta):
-    """Add ``delta`` to every ancestor of ``node`` (a node of ``level``)."""
+    """Add ``delta`` to every ancestor of ``node`` (a node of ``level``); returns whether
+    an ancestor was left with less than ``1 / CANCELLATION`` of the delta."""
     num_levels = layout[0]
     shift = layout[2]
+    cancelled = False
     for k in range(level, num_levels - 1):
         node >>= shift
-        values[layout[_HEADER + k + 1] + node] += delta
-    values[layout[_HEADER + num_levels]] += delta
-
-
-@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _resum_up(values, layout, level, node):
-    """Re-sum the parent of ``node`` (of ``level``, now exactly 0) from the parent's row,
-    and so on while the parents come out 0, so an empty subtree is exactly 0 all the way
-    up; the first parent that keeps mass passes its change up as a delta."""
-    num_levels = layout[0]
-    shift = layout[2]
-    for k in range(level, num_levels):
-        if k < num_levels - 1:
-            row = node >> shift
-            width = layout[1]
-        else:
-            row = 0
-            width = layout[_HEADER + num_levels] - layout[_HEADER + k]
-        parent = layout[_HEADER + k + 1] + row
-        start = layout[_HEADER + k] + row * width
-        total = values[start]
-        for c in range(1, width):
-            total += values[start + c]
-        delta = total - values[parent]
-        values[parent] = total
-        if total != 0.0:
-            if k + 1 < num_levels and delta != 0.0:
-                _add_up(values, layout, k + 1, row, delta)
-            return
-        node = row
+        slot = layout[_HEADER + k + 1] + node
+        value = values[slot] + delta
+        values[slot] = value
+        cancelled |= abs(delta) > CANCELLATION * value
+    root = layout[_HEADER + num_levels]
+    value = values[root] + delta
+    values[root] = value
+    return cancelled or abs(delta) > CANCELLATION * value
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def sum_write(values, layout, leaf, value):
-    """Set one leaf of a sum tree; returns the change in the number of non-zero leaves.
+    """Set one leaf of a sum tree.
 
-    A leaf set to 0 must also go through ``settle_emptied`` once the batch is written
-    (kept out of this loop, which it would slow down by half).
+    Returns ``(change in the number of non-zero leaves, settle)``; when ``settle`` is
+    true the caller passes the leaf to ``settle`` once the batch is written (kept out of
+    this loop, which a call would slow down by half).
     """
     old = values[leaf]
     if value == old:
-        return 0
+        return 0, False
     values[leaf] = value
-    _add_up(values, layout, 0, leaf, value - old)
-    return (1 if value != 0.0 else 0) - (1 if old != 0.0 else 0)
+    cancelled = _add_up(values, layout, 0, leaf, value - old)
+    change = (1 if value != 0.0 else 0) - (1 if old != 0.0 else 0)
+    return change, cancelled or value == 0.0
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def settle_emptied(values, layout, leaves, count):
-    """Re-sum the ancestors of the first ``count`` ``leaves`` that are still 0, so an
-    empty subtree is exactly 0 (deltas may leave it a rounding error away)."""
+def _add_up_generic(values, layout, level, node, delta):
+    """``_add_up`` for any fanout (one division per level)."""
+    cancelled = False
+    for k in range(level, layout[0]):
+        node = _row(layout, k, node)
+        slot = layout[_HEADER + k + 1] + node
+        values[slot] += delta
+        cancelled |= abs(delta) > CANCELLATION * values[slot]
+    return cancelled
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _sum_write_generic(values, layout, leaf, value):
+    """``sum_write`` for any fanout."""
+    old = values[leaf]
+    if value == old:
+        return 0, False
+    values[leaf] = value
+    cancelled = _add_up_generic(values, layout, 0, leaf, value - old)
+    change = (1 if value != 0.0 else 0) - (1 if old != 0.0 else 0)
+    return change, cancelled or value == 0.0
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def resum_path(values, layout, level, node):
+    """Re-sum every ancestor of ``node`` (of ``level``) from its children, bottom up."""
+    for k in range(level, layout[0]):
+        row = _row(layout, k, node)
+        width = _width(layout, k)
+        total = _reduce(values, layout[_HEADER + k] + row * width, width, OP_SUM)
+        values[layout[_HEADER + k + 1] + row] = total
+        node = row
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def settle(values, layout, leaves, count):
+    """``resum_path`` from each of the first ``count`` ``leaves`` (see ``sum_write``)."""
     for j in range(count):
-        if values[leaves[j]] == 0.0:
-            _pass_up(values, layout, 0, leaves[j], 0.0, True)
+        resum_path(values, layout, 0, leaves[j])
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -247,31 +268,6 @@ def min_write(values, layout, leaf, value):
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def _sum_write_generic(values, layout, leaf, value):
-    """``sum_write`` for any fanout (one division per level)."""
-    old = values[leaf]
-    if value == old:
-        return 0
-    values[leaf] = value
-    node = leaf
-    delta = value - old
-    emptied = value == 0.0
-    for k in range(layout[0]):
-        row = _row(layout, k, node)
-        parent = layout[_HEADER + k + 1] + row
-        if emptied:
-            width = _width(layout, k)
-            total = _reduce(values, layout[_HEADER + k] + row * width, width, OP_SUM)
-            delta = total - values[parent]
-            values[parent] = total
-            emptied = total == 0.0
-        else:
-            values[parent] += delta
-        node = row
-    return (1 if value != 0.0 else 0) - (1 if old != 0.0 else 0)
-
-
-@numba.njit(cache=True, nogil=True, error_model="numpy")
 def _extreme_write_generic(values, layout, op, leaf, value):
     """``max_write`` / ``min_write`` for any fanout."""
     old = values[leaf]
@@ -299,35 +295,13 @@ def _extreme_write_generic(values, layout, op, leaf, value):
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def _pass_up(values, layout, level, node, delta, emptied):
-    """Node ``node`` of ``level`` changed by ``delta`` (and is now 0 if ``emptied``)."""
-    if layout[2] < 0:
-        for k in range(level, layout[0]):
-            row = _row(layout, k, node)
-            parent = layout[_HEADER + k + 1] + row
-            if emptied:
-                width = _width(layout, k)
-                total = _reduce(values, layout[_HEADER + k] + row * width, width, OP_SUM)
-                delta = total - values[parent]
-                values[parent] = total
-                emptied = total == 0.0
-            else:
-                values[parent] += delta
-            node = row
-    elif emptied:
-        _resum_up(values, layout, level, node)
-    else:
-        _add_up(values, layout, level, node, delta)
-
-
-@numba.njit(cache=True, nogil=True, error_model="numpy")
 def scrub(values, layout, state, rows):
-    """Re-sum ``rows`` nodes of level 1 exactly, continuing a post-order sweep.
+    """Re-sum ``rows`` nodes of level 1 from their children, continuing a post-order sweep.
 
-    The sweep's cursor (``state[STATE_CURSOR]``) walks level 1; when it finishes the last
-    child of a node, that node is re-summed too, and so on up to the root, so each node
-    is re-summed after its children. A re-summed node passes its correction to its
-    ancestors as a delta.
+    The sweep's cursor (``state[STATE_CURSOR]``) walks level 1; after the last child of a
+    node, that node is re-summed too, and so on up to the root, so each node is re-summed
+    after its children. A re-summed node that is not a last child passes its correction
+    to its ancestors as a delta.
     """
     num_levels = layout[0]
     if num_levels == 1:
@@ -340,20 +314,24 @@ def scrub(values, layout, state, rows):
         k = 0  # re-sum `node` of level k + 1 from its row at level k
         while True:
             width = _width(layout, k)
-            parent = layout[_HEADER + k + 1] + node
+            slot = layout[_HEADER + k + 1] + node
             total = _reduce(values, layout[_HEADER + k] + node * width, width, OP_SUM)
-            delta = total - values[parent]
-            values[parent] = total
+            delta = total - values[slot]
+            values[slot] = total
             if k + 1 == num_levels:
+                break  # the root
+            parent = _row(layout, k + 1, node)
+            if node != (parent + 1) * _width(layout, k + 1) - 1:
+                # Not its parent's last child: the parent is not re-summed next.
+                if delta != 0.0:
+                    if layout[2] >= 0:
+                        cancelled = _add_up(values, layout, k + 1, node, delta)
+                    else:
+                        cancelled = _add_up_generic(values, layout, k + 1, node, delta)
+                    if cancelled or total == 0.0:
+                        resum_path(values, layout, k + 1, node)
                 break
-            if total == 0.0 or delta != 0.0:
-                _pass_up(values, layout, k + 1, node, delta, total == 0.0)
-            if (
-                node
-                != _row(layout, k + 1, node) * _width(layout, k + 1) + _width(layout, k + 1) - 1
-            ):
-                break  # not the last child of its parent yet
-            node = _row(layout, k + 1, node)
+            node = parent
             k += 1
         cursor = cursor + 1 if cursor + 1 < level1 else 0
     state[STATE_CURSOR] = cursor
@@ -382,30 +360,28 @@ def set_leaves(values, layout, state, op, idx, vals):
             return BAD_INDEX
         if op == OP_SUM and not (vals[j] >= 0.0 and vals[j] < math.inf):
             return BAD_VALUE
-    nnz_delta = 0
-    if layout[2] < 0:
-        for j in range(n):
-            if op == OP_SUM:
-                nnz_delta += _sum_write_generic(values, layout, idx[j], vals[j])
-            else:
-                _extreme_write_generic(values, layout, op, idx[j], vals[j])
-    elif op == OP_MAX:
-        for j in range(n):
-            max_write(values, layout, idx[j], vals[j])
-    elif op == OP_MIN:
-        for j in range(n):
-            min_write(values, layout, idx[j], vals[j])
-    else:
-        emptied = np.empty(n, dtype=np.int64)
-        count = 0
-        for j in range(n):
-            nnz_delta += sum_write(values, layout, idx[j], vals[j])
-            if vals[j] == 0.0:
-                emptied[count] = idx[j]
-                count += 1
-        settle_emptied(values, layout, emptied, count)
     if op != OP_SUM:
+        for j in range(n):
+            if layout[2] < 0:
+                _extreme_write_generic(values, layout, op, idx[j], vals[j])
+            elif op == OP_MAX:
+                max_write(values, layout, idx[j], vals[j])
+            else:
+                min_write(values, layout, idx[j], vals[j])
         return 0
+    nnz_delta = 0
+    to_settle = np.empty(n, dtype=np.int64)
+    count = 0
+    for j in range(n):
+        if layout[2] < 0:
+            change, unsettled = _sum_write_generic(values, layout, idx[j], vals[j])
+        else:
+            change, unsettled = sum_write(values, layout, idx[j], vals[j])
+        nnz_delta += change
+        if unsettled:
+            to_settle[count] = idx[j]
+            count += 1
+    settle(values, layout, to_settle, count)
     scrub_after(values, layout, state, n)
     state[STATE_NNZ] += nnz_delta
     return nnz_delta

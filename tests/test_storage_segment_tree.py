@@ -170,3 +170,92 @@ def test_state_dict_round_trip_and_backends_agree(kernel):
         b.load_state_dict(a.state_dict())
         assert b.nnz == a.nnz
         assert torch.equal(b.find_sum_bound(thresholds), a.find_sum_bound(thresholds).cpu())
+
+
+# ----------------------------------------------------------------- delta updates
+# The numba kernel adds each leaf change to the ancestors; these pin down the rules that
+# keep its sums exact enough (see storage/_tree_kernels.py).
+NUMBA = pytest.mark.skipif("numba" not in available_backends("cpu"), reason="needs numba")
+
+
+@NUMBA
+def test_cancellation_is_resummed_at_once():
+    capacity = 4096
+    tree = SumSegmentTree(capacity, backend="numba")
+    gen = torch.Generator().manual_seed(2)
+    tree.fill(torch.rand(capacity, generator=gen, dtype=torch.float64) * 1e9)
+    # Every big leaf replaced by a tiny one: each ancestor goes 1e12 -> 1e-3 by deltas,
+    # which would leave it mostly rounding error without a re-sum.
+    for batch in torch.randperm(capacity, generator=gen).split(256):
+        tree[batch] = torch.rand(256, generator=gen, dtype=torch.float64) * 1e-6
+    exact = math.fsum(tree.leaves().tolist())
+    assert abs(tree.total() - exact) <= 1e-12 * exact
+    cut = torch.tensor([1000, 2048, 3333])
+    want = [math.fsum(tree.leaves()[: int(i)].tolist()) for i in cut]
+    assert tree.prefix_sum(cut).tolist() == pytest.approx(want, rel=1e-12)
+
+
+@NUMBA
+def test_sweep_resums_every_node_within_capacity_writes():
+    capacity = 4096
+    tree = SumSegmentTree(capacity, backend="numba", fanout=16)
+    gen = torch.Generator().manual_seed(5)
+    tree.fill(torch.rand(capacity, generator=gen, dtype=torch.float64))
+    values = tree.kernel_arrays()[0]
+    # Plant an error in nodes of every level (and their ancestors, as a delta would).
+    for level, node in [(1, 7), (1, 200), (2, 3)]:
+        for k in range(level, tree.num_levels + 1):
+            values[tree._offsets[k] + (node >> (4 * (k - level)) if k < 3 else 0)] += 0.25
+    for _ in range(capacity // 256):
+        idx = torch.randint(capacity, (256,), generator=gen)
+        tree[idx] = torch.rand(256, generator=gen, dtype=torch.float64)
+    planted = values.copy()
+    tree.resum()
+    assert planted == pytest.approx(values, rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_emptied_subtree_is_exactly_zero(kernel):
+    capacity = 4096
+    tree = make(SumSegmentTree, capacity, kernel, fanout=16)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(20):  # leave rounding from deltas behind
+        idx = torch.randint(capacity, (256,), generator=gen)
+        tree[idx.to(tree.device)] = torch.rand(256, generator=gen, dtype=torch.float64).to(
+            tree.device
+        )
+    tree[torch.arange(2048).to(tree.device)] = 0.0
+    assert tree.prefix_sum(torch.tensor([2048]).to(tree.device)).item() == 0.0
+    assert tree.nnz == int((tree.leaves() != 0).sum())
+    found = tree.find_sum_bound(torch.tensor([0.0, 1e-300]).to(tree.device))
+    assert found.min() >= 2048 and bool((tree.leaves()[found] > 0).all())
+
+
+@NUMBA
+def test_search_recovers_when_a_node_disagrees_with_its_children():
+    tree = SumSegmentTree(4096, backend="numba", fanout=16)
+    tree[torch.tensor([5, 4000])] = torch.tensor([1.0, 2.0])
+    values = tree.kernel_arrays()[0]
+    level1, level2 = tree._offsets[1:3]  # three levels: 4096 leaves, 256, 16, then the root
+    # Give the empty level-1 node over leaves 16..31 mass (as rounding could), and its
+    # ancestors to match: a search that enters it finds no child with mass.
+    values[level1 + 1] = 0.5
+    values[level2 + 0] += 0.5
+    values[-1] += 0.5
+    assert tree.find_sum_bound(torch.tensor([1.2])).tolist() == [4000]
+    assert tree.total() == 3.0  # re-summed
+
+
+@NUMBA
+def test_restored_tree_holds_the_same_nodes_and_stays_so():
+    gen = torch.Generator().manual_seed(4)
+    a = SumSegmentTree(10_000, backend="numba")
+    for _ in range(30):
+        a[torch.randint(10_000, (256,), generator=gen)] = torch.rand(256, generator=gen)
+    b = SumSegmentTree(10_000, backend="numba")
+    b.load_state_dict(a.state_dict())
+    for _ in range(30):
+        idx, vals = torch.randint(10_000, (256,), generator=gen), torch.rand(256, generator=gen)
+        a[idx] = vals
+        b[idx] = vals
+    assert torch.equal(a._values, b._values)
