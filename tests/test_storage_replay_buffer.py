@@ -200,6 +200,86 @@ def test_priority_updates_late_ignored_future_rejected():
         rb.update_priority(torch.tensor([0]), torch.tensor([6]), torch.tensor([1.0]))
 
 
+def _tree_state(rb):
+    trees = (rb.sampler.sum_tree, rb.sampler.max_tree, rb.sampler.min_tree)
+    return [t._values.clone() for t in trees if t is not None] + [rb.sampler.priority.clone()]
+
+
+@pytest.mark.parametrize(
+    "convert",
+    [
+        lambda t: t,
+        lambda t: t.numpy(),
+        lambda t: t.tolist(),
+        lambda t: torch.stack([t, t], 1)[:, 0],  # not contiguous
+        lambda t: t.double() if t.is_floating_point() else t.int(),  # other dtypes
+        lambda t: t.reshape(2, -1),  # any shape, read flat
+    ],
+    ids=["tensor", "numpy", "list", "strided", "dtypes", "2d"],
+)
+def test_update_priority_takes_any_array_like(convert):
+    def run(convert):
+        rb = ReplayBuffer(SPEC, 2, 8, prioritized_sampling=True, per=PER(0.6, 0.4, 0.1), seed=0)
+        fill(rb, 11)  # positions 3..10 stored
+        env = torch.tensor([0, 1, 1, 0, 1, 0])
+        pos = torch.tensor([2, 3, 9, 4, 3, 10])  # (0, 2) overwritten; (1, 3) twice
+        prio = torch.tensor([7.0, 0.5, 2.0, 0.0, 3.0, 1.5])
+        applied = rb.update_priority(convert(env), convert(pos), convert(prio))
+        return applied.tolist(), _tree_state(rb)
+
+    want_applied, want_state = run(lambda t: t)
+    applied, state = run(convert)
+    assert applied == want_applied == [False, True, True, True, True, True]
+    assert all(torch.equal(a, b) for a, b in zip(state, want_state, strict=True))
+    rb = ReplayBuffer(SPEC, 2, 8, prioritized_sampling=True, seed=0)
+    fill(rb, 11)
+    assert float(rb.sampler.priority[1 * 8 + 3]) == 1.0
+    rb.update_priority(
+        convert(torch.tensor([1, 1])),
+        convert(torch.tensor([3, 3])),
+        convert(torch.tensor([0.5, 3.0])),
+    )
+    assert float(rb.sampler.priority[1 * 8 + 3]) == 3.0  # the last update wins
+
+
+@pytest.mark.parametrize("as_numpy", [False, True])
+def test_rejected_priority_updates_change_nothing(as_numpy):
+    rb = ReplayBuffer(SPEC, 2, 8, prioritized_sampling=True, per=PER(beta=0.4), seed=0)
+    fill(rb, 11)
+    before = _tree_state(rb)
+    convert = (lambda t: t.numpy()) if as_numpy else (lambda t: t)
+    bad = [
+        (ValueError, [0, 1], [5, 11], [1.0, 1.0]),  # position 11 never written
+        (ValueError, [0, 1], [5, 6], [1.0, -1.0]),
+        (ValueError, [0, 1], [5, 6], [1.0, float("nan")]),
+        (ValueError, [0, 1], [5, 6], [1.0, float("inf")]),
+        (IndexError, [0, 2], [5, 6], [1.0, 1.0]),
+        (ValueError, [0, 1], [5, 6], [1.0]),
+    ]
+    for error, env, pos, prio in bad:
+        with pytest.raises(error):
+            rb.update_priority(
+                convert(torch.tensor(env)), convert(torch.tensor(pos)), convert(torch.tensor(prio))
+            )
+    assert all(torch.equal(a, b) for a, b in zip(_tree_state(rb), before, strict=True))
+
+
+def test_rejected_appends_change_nothing():
+    rb = ReplayBuffer(SPEC, 3, 2, seed=0)
+    fill(rb, 2, env_ids=[0, 1])
+    cursors = rb.writer.state_dict()
+    with pytest.raises(ValueError):
+        rb.add_batch(steps([0, 0], 5), torch.tensor([0, 0]))  # twice the same env
+    with pytest.raises(ValueError):
+        rb.add_batch(steps([0, 3], 5), torch.tensor([0, 3]))  # no env 3
+    with pytest.raises(ValueError):
+        rb.add_batch(steps([0, 1], 5), torch.tensor([0]))  # two steps, one env
+    with pytest.raises(RuntimeError):
+        rb.add_batch(steps([2, 1], 5), torch.tensor([2, 1]), blocking=True)  # env 1 full
+    assert all(torch.equal(cursors[k], v) for k, v in rb.writer.state_dict().items())
+    assert rb.add_batch(steps([2, 1], 5), [2, 1]).tolist() == [0, 2]
+
+
 def test_gather_all_empty_and_full():
     rb = ReplayBuffer(SPEC, 2, 4)
     data, info = rb.gather_all()
@@ -237,6 +317,14 @@ def test_restored_buffer_samples_exactly_like_the_original(device):
     state = rb.state_dict()
     restored = ReplayBuffer(SPEC, 3, 16, seed=123, **kwargs)
     restored.load_state_dict(state)
+    for _ in range(3):
+        a, ia = rb.get_batch(16, 2)  # the same batch_length: no rebuild on either side
+        b, ib = restored.get_batch(16, 2)
+        assert torch.equal(ia.positions, ib.positions) and torch.equal(ia.env_ids, ib.env_ids)
+        assert torch.equal(ia.importance_weights, ib.importance_weights)
+        prios = torch.rand(16) * 10
+        rb.update_priority(ia.env_ids, ia.positions, prios)
+        restored.update_priority(ib.env_ids, ib.positions, prios)
     for _ in range(3):
         a, ia = rb.get_batch(16, 3)
         b, ib = restored.get_batch(16, 3)
