@@ -360,27 +360,34 @@ def set_leaves(values, layout, state, op, idx, vals):
             return BAD_INDEX
         if op == OP_SUM and not (vals[j] >= 0.0 and vals[j] < math.inf):
             return BAD_VALUE
+    generic = layout[2] < 0
+    # One loop per case, so that no loop holds a call (see the note above _add_up).
     if op != OP_SUM:
-        for j in range(n):
-            if layout[2] < 0:
+        if generic:
+            for j in range(n):
                 _extreme_write_generic(values, layout, op, idx[j], vals[j])
-            elif op == OP_MAX:
+        elif op == OP_MAX:
+            for j in range(n):
                 max_write(values, layout, idx[j], vals[j])
-            else:
+        else:
+            for j in range(n):
                 min_write(values, layout, idx[j], vals[j])
         return 0
     nnz_delta = 0
     to_settle = np.empty(n, dtype=np.int64)
     count = 0
-    for j in range(n):
-        if layout[2] < 0:
+    if generic:
+        for j in range(n):
             change, unsettled = _sum_write_generic(values, layout, idx[j], vals[j])
-        else:
-            change, unsettled = sum_write(values, layout, idx[j], vals[j])
-        nnz_delta += change
-        if unsettled:
+            nnz_delta += change
             to_settle[count] = idx[j]
-            count += 1
+            count += unsettled
+    else:
+        for j in range(n):
+            change, unsettled = sum_write(values, layout, idx[j], vals[j])
+            nnz_delta += change
+            to_settle[count] = idx[j]
+            count += unsettled
     settle(values, layout, to_settle, count)
     scrub_after(values, layout, state, n)
     state[STATE_NNZ] += nnz_delta

@@ -12,6 +12,11 @@ The sum tree's leaf for a slot is ``mask * (priority + epsilon) ** alpha`` (just
 ``mask`` for uniform sampling), so uniform and prioritized sampling, eviction, windows
 (recent data, ``sample_range``, ERE) and environments holding fewer than
 ``batch_length`` steps all go through one exact mechanism.
+
+On a CPU (numba trees, the default) each event (a priority update, a write, a draw,
+the weights of a draw) is one compiled kernel from ``_sampler_kernels`` over numpy views
+of the same tensors; the array code below is the path for CUDA and for torch trees. The
+model tests run both.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import numpy as np
 import torch
 
 from storage.allocator import MemoryAllocator
+from storage.ring import host_array
 from storage.segment_tree import MaxSegmentTree, MinSegmentTree, SumSegmentTree
 
 try:  # numba is a dependency; without it (a broken install) the numpy path runs.
@@ -30,10 +36,9 @@ try:  # numba is a dependency; without it (a broken install) the numpy path runs
 except ImportError:  # pragma: no cover - exercised where numba is absent
     _sampler_kernels = None
 
+# Element types the kernels take as they are (anything else is converted first).
 _INDEX_DTYPES = (np.dtype(np.int64),)
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
 _INDEX_TYPES = (torch.int64,)
 _FLOAT_TYPES = (torch.float32, torch.float64)
 
@@ -46,9 +51,8 @@ def _flat_cpu(x, dtypes) -> bool:
 
 def _host_vector(x, dtypes) -> np.ndarray:
     """A 1-D numpy array of ``x`` in one of ``dtypes`` (zero-copy for a CPU tensor)."""
-    if isinstance(x, torch.Tensor):
-        x = x.numpy() if not x.requires_grad else x.detach().numpy()
-    elif not isinstance(x, np.ndarray):
+    x = host_array(x)
+    if not isinstance(x, np.ndarray):
         x = np.asarray(x)
     if x.ndim != 1:
         x = x.reshape(-1)
@@ -141,6 +145,7 @@ class SlotSampler:
             none = np.zeros(0)
             self._params = np.zeros(4, dtype=np.int64)
             self._per = np.array([self.per.alpha, self.per.epsilon, self._initial_priority])
+            self._sum_values, self._layout, sum_state = self.sum_tree.kernel_arrays()
             # Every kernel's arguments after its event batch (see _sampler_kernels).
             self._kernel_state = (
                 self._cur,
@@ -149,7 +154,9 @@ class SlotSampler:
                 self._priority,
                 self._params,
                 self._per,
-                *self.sum_tree.kernel_arrays(),
+                self._sum_values,
+                self._layout,
+                sum_state,
                 self.max_tree.kernel_arrays()[0] if self.max_tree else none,
                 self.min_tree.kernel_arrays()[0] if self.min_tree else none,
             )
@@ -393,10 +400,10 @@ class SlotSampler:
         u = self._arr(torch.rand(n, generator=generator, dtype=torch.float64, device=self.device))
         if self._fused:
             out = np.empty(n, dtype=np.int64)
-            values, layout = self._kernel_state[6:8]
-            if _sampler_kernels.sample_slots(u, not with_replacement, values, layout, out) != 0:
+            args = (u, not with_replacement, self._sum_values, self._layout, out)
+            if _sampler_kernels.sample_slots(*args) != 0:
                 self.sum_tree.resum()  # see SumSegmentTree.find_host
-                if _sampler_kernels.sample_slots(u, not with_replacement, values, layout, out):
+                if _sampler_kernels.sample_slots(*args) != 0:
                     raise RuntimeError("inconsistent sum tree after an exact re-sum")
             return torch.from_numpy(out)
         if not with_replacement:
@@ -467,7 +474,7 @@ class SlotSampler:
             beta = self.per.beta
             _sampler_kernels.importance_weights(
                 _host_vector(slots, _INDEX_DTYPES),
-                self._kernel_state[6],
+                self._sum_values,
                 self.sum_tree.nnz,
                 self.min_tree.total() if beta is not None else 1.0,
                 beta if beta is not None else math.nan,
