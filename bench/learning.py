@@ -45,7 +45,7 @@ def run_ours(p: Preset, seed: int, threads: int) -> dict:
             "total_env_steps": r.env_steps, "total_seconds": round(r.train_seconds, 2)}
 
 
-def run_graph(graph: str, p: Preset) -> dict:
+def run_graph(graph: str, p: Preset, threads: int) -> dict:
     """Train through the multi-process graph (``python run.py GRAPH``), stopping at the first
     evaluation that reaches the threshold. Seconds run from the first node's start to that
     evaluation (the evaluator works in its own process, so no time is left out)."""
@@ -56,7 +56,8 @@ def run_graph(graph: str, p: Preset) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = str(Path(tmp) / "run")
         cmd = [sys.executable, str(root / "run.py"), "run", graph, "--run-dir", run_dir,
-               "--quiet", "--set", f"nodes.evaluator.config.stop_at_return={p.threshold}"]
+               "--quiet", "--set", f"nodes.evaluator.config.stop_at_return={p.threshold}",
+               "--set", f"nodes.learner.config.num_threads={threads}"]
         started = time.time()
         code = subprocess.run(cmd, cwd=root).returncode
         wall = time.time() - started
@@ -212,7 +213,9 @@ def main(argv=None) -> int:
     ap.add_argument("algo")
     ap.add_argument("env")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads of the trainer: SB3's, ours in-process, or the graph's "
+                         "learner (the same number on both sides)")
     ap.add_argument("--no-sb3", action="store_true")
     ap.add_argument("--graph", help="train through this graph (run.py) instead of the "
                     "single-process reference trainer")
@@ -223,7 +226,8 @@ def main(argv=None) -> int:
         print(json.dumps(run_sb3(p, args.seed, args.threads, args.sb3_launched_at)))
         return 0
     print(f"task {args.algo} {args.env}: threshold {p.threshold} within {p.budget} env steps")
-    ours = run_graph(args.graph, p) if args.graph else run_ours(p, args.seed, args.threads)
+    ours = run_graph(args.graph, p, args.threads) if args.graph else \
+        run_ours(p, args.seed, args.threads)
     print(f"conduit: reached={ours['reached']} env_steps={ours['env_steps']} "
           f"seconds={ours['seconds']} best_return={ours['best_return']:.1f}")
     if args.no_sb3:
