@@ -1,6 +1,7 @@
 """evaluator: greedy episodes in its own environments with the newest parameters.
 
-Every ``eval_interval`` environment steps (as stamped on the parameters) it runs
+Every ``eval_interval`` environment steps (as stamped on the parameters; the first at
+``eval_interval``, or at 0 with ``eval_at_start``) it runs
 ``num_eval_episodes`` episodes in parallel with ``predict_step`` and publishes
 ``eval/return`` and ``eval/length``. With ``stop_at_return`` set it finishes once an evaluation
 reaches it, which ends a graph that lists it in ``run.stop_when``.
@@ -31,6 +32,8 @@ class Config(AlgorithmConfig):
     stop_at_return: float | None = field(default=None, metadata={
         "doc": "finish once the mean return reaches this"})
     seed: int = field(default=10_000, metadata={"doc": "evaluation env seed"})
+    eval_at_start: bool = field(default=False, metadata={
+        "doc": "also evaluate the untrained policy (it competes for CPU with start-up)"})
 
 
 def evaluate(alg, env_id: str, episodes: int, seed: int) -> tuple[float, float]:
@@ -61,7 +64,7 @@ async def run(config: Config, bus, ready) -> dict:
     params = bus.subscriber("params")
     metrics = bus.publisher("metrics")
     ready()
-    next_eval = 0
+    next_eval = 0 if config.eval_at_start else config.eval_interval
     best = -np.inf
     evaluations = 0
     while not bus.stopping.is_set():
