@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from nodes.messages import FINAL_CHECKPOINT, StateRequest
 
@@ -48,6 +47,8 @@ def _fsync_dir(path: str) -> None:
 def as_torch(tree):
     """Arrays that came over the wire as numpy become tensors: ``torch.load(weights_only=True)``
     accepts tensors and plain containers only."""
+    import torch  # here, not at the top: the node starts without torch (start-up is CPU-bound)
+
     if isinstance(tree, np.ndarray):
         return torch.from_numpy(np.array(tree))
     if isinstance(tree, dict):
@@ -68,6 +69,8 @@ def write_checkpoint(root: str, states: dict, env_steps: int, sequence: int,
     tmp = os.path.join(root, f".tmp-{name}")
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
+    import torch
+
     for component, state in states.items():
         path = os.path.join(tmp, f"{component}.pt")
         with open(path, "wb") as f:

@@ -27,7 +27,7 @@ RESTART_POLICIES = ("always", "on-failure", "never")
 TOP_KEYS = {"name", "description", "topics", "services", "nodes", "run"}
 TOPIC_KEYS = {"delivery", "hwm"}
 NODE_KEYS = {"kind", "replicas", "config", "publishes", "subscribes", "serves", "calls",
-             "restart", "device", "description", "stop_after"}
+             "restart", "device", "nice", "description", "stop_after"}
 RESTART_KEYS = {"policy", "max_failures", "window_s", "backoff_s", "backoff_max_s"}
 RUN_KEYS = {"directory", "duration_s", "stop_when", "heartbeat_s", "heartbeat_timeout_s",
             "grace_s", "transport", "ready_timeout_s"}
@@ -63,6 +63,7 @@ class NodeSpec:
     calls: tuple = ()
     restart: RestartPolicy = RestartPolicy()
     device: str = "cpu"
+    nice: int = 0  # added to the process's niceness: background nodes yield the CPU
     stop_after: tuple = ()  # extra stop-order edges: stop this node only after these stopped
 
 
@@ -363,9 +364,12 @@ def _validate_node(name: str, spec, topics: dict, lines: _Lines) -> NodeSpec:
     device = spec.get("device", "cpu")
     if not isinstance(device, str) or not re.match(r"^(cpu|cuda(:\d+)?|auto)$", device):
         raise lines.error((*path, "device"), f"must be cpu, cuda, cuda:N or auto, got {device!r}")
+    nice = _typed(spec.get("nice", 0), int, (*path, "nice"), lines, minimum=0)
+    if nice > 19:
+        raise lines.error((*path, "nice"), f"must be 0 to 19, got {nice}")
     stop_after = _names(spec.get("stop_after"), (*path, "stop_after"), lines)
     return NodeSpec(name=name, kind=kind, replicas=replicas, config=raw_config,
-                    restart=restart, device=device, stop_after=stop_after, **lists)
+                    restart=restart, device=device, nice=nice, stop_after=stop_after, **lists)
 
 
 def _validate_run(spec: dict, nodes: dict, lines: _Lines) -> RunSpec:

@@ -54,6 +54,7 @@ class Launch:
     consumer_groups: dict  # topic -> groups that consume it
     run_dir: str
     device: str = "cpu"
+    nice: int = 0  # niceness increment, applied by the process itself at start
     control: str | None = None  # supervisor endpoint; None in-loop
     peers: dict = field(default_factory=lambda: {"topics": {}, "services": {}})
     heartbeat_s: float = 1.0
@@ -229,6 +230,8 @@ def process_main(launch_path: str, log_path: str | None = None) -> int:
     import uvloop
 
     launch = Launch.read(launch_path)
+    if launch.nice:
+        os.nice(launch.nice)
     configure_logging(log_path, launch.incarnation)
     log.info("starting %s (kind %s, pid %d)", launch.incarnation, launch.kind, os.getpid())
 

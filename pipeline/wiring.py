@@ -47,6 +47,7 @@ def make_launch(graph: Graph, node_name: str, replica: int, generation: int, run
         consumer_groups={t: graph.consumer_groups(t) for t in node.publishes},
         run_dir=run_dir,
         device=node.device,
+        nice=node.nice,
         control=control,
         heartbeat_s=graph.run.heartbeat_s,
         grace_s=graph.run.grace_s,

@@ -121,6 +121,16 @@ def test_sigint_stops_every_node_and_exits_0(live):
 
 
 @pytest.mark.timeout(120)
+def test_a_node_runs_at_its_nice_level(live):
+    run = live("nodes.source.config.count=0", "nodes.sink.config.expected=0", "nodes.sink.nice=7")
+    run.wait_ready()
+    nodes = run.command("status")["nodes"]
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert os.getpriority(os.PRIO_PROCESS, nodes["sink.0"]["pid"]) == min(base + 7, 19)
+    assert os.getpriority(os.PRIO_PROCESS, nodes["source.0"]["pid"]) == base
+
+
+@pytest.mark.timeout(120)
 def test_status_scale_and_bad_commands(live):
     run = live("nodes.source.config.count=0", "nodes.sink.config.expected=0")
     run.wait_ready()
