@@ -91,21 +91,27 @@ class DqnAlgorithm(RLAlgorithm):
         return AlgStep(output=torch.where(explore, random_a, greedy), state=state, info={})
 
     def train_step(self, experience: Experience, state=()) -> AlgStep:
-        """``experience``: batch-major ``[B, T]``."""
+        """``experience``: batch-major ``[B, T]``.
+
+        Gradients flow only through rows ``0..T-2`` (the TD loss never reads the value of the
+        last row), and the online network's action choice for double Q runs without autograd:
+        for one-step targets that halves the backward pass."""
         exp = experience
         B, T = exp.step_type.shape[:2]
-        obs = exp.observation.flatten(0, 1)
-        q_all = self.q_network(obs).view(B, T, -1)
-        q = q_all.gather(-1, exp.action.unsqueeze(-1)).squeeze(-1)
+        q_rows = self.q_network(exp.observation[:, :-1].flatten(0, 1)).view(B, T - 1, -1)
+        q_rows = q_rows.gather(-1, exp.action[:, :-1].unsqueeze(-1)).squeeze(-1)
+        q = torch.cat([q_rows, torch.zeros_like(q_rows[:, :1])], 1)  # row T-1: never read
         with torch.no_grad():
             # Row 0's target value is only read on masked (LAST) rows, so the target network
             # runs on rows 1..T-1 only.
-            q_target_next = self.target_q_network(exp.observation[:, 1:].flatten(0, 1))
-            q_target_next = q_target_next.view(B, T - 1, -1)
-            a_star = (q_all[:, 1:] if self.double_q else q_target_next).argmax(-1, keepdim=True)
+            next_obs = exp.observation[:, 1:].flatten(0, 1)
+            q_target_next = self.target_q_network(next_obs).view(B, T - 1, -1)
+            chooser = self.q_network(next_obs).view(B, T - 1, -1) if self.double_q \
+                else q_target_next
+            a_star = chooser.argmax(-1, keepdim=True)
             target_next = q_target_next.gather(-1, a_star).squeeze(-1)
             target_value = torch.cat([torch.zeros_like(target_next[:, :1]), target_next], 1)
-        return AlgStep(info={"exp": exp, "q": q, "target_value": target_value})
+        return AlgStep(info={"exp": exp, "q": q, "q_rows": q_rows, "target_value": target_value})
 
     def calc_loss(self, info) -> LossInfo:
         exp = info["exp"]
@@ -117,7 +123,7 @@ class DqnAlgorithm(RLAlgorithm):
         td_error = li.extra["td_error"]
         return LossInfo(loss=per_sample, priority=td_error[0].abs().detach(),
                         extra={"loss/td": per_sample.detach(),
-                               "q/mean": info["q"].detach(),
+                               "q/mean": info["q_rows"].detach(),
                                "epsilon": self.epsilon()})
 
     def after_update(self, info=None) -> None:
