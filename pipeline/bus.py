@@ -45,15 +45,7 @@ import zmq.asyncio
 from pipeline import codec
 from pipeline.channel import Channel
 from pipeline.messages import Credit, Join, Leave, LeaveAck
-from pipeline.sockets import (
-    Sender,
-    SocketFactory,
-    bind,
-    recv_batch,
-    recv_now,
-    send_now,
-    shadow_of,
-)
+from pipeline.sockets import SocketFactory, bind, recv_now, send_now
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +63,9 @@ _HEAD = struct.Struct("<cQ")
 _BATCH_HEAD = struct.Struct("<cQI")
 BATCH_MAX = 64  # messages per batch
 BATCH_BYTES = 1 << 20  # a batch stops growing once its messages reach this many bytes
+# Bytes in flight per subscriber connection (besides the message window): bounds the memory a
+# slow consumer of large messages pins on both sides, and keeps it small enough to stay cached.
+WINDOW_BYTES = 16 << 20
 _LEAVE_ACK = b"A"
 ACK_DELAY_S = 0.002  # how long an idle subscriber may sit on credit below the batch size
 _DATA = b"D"
@@ -83,10 +78,6 @@ ZERO_COPY_MIN = 64 << 10
 
 def _nbytes(frame) -> int:
     return frame.nbytes if type(frame) is not bytes else len(frame)
-
-
-def _as_bytes(frame) -> bytes:
-    return frame if type(frame) is bytes else frame.bytes
 
 
 @dataclass
@@ -123,7 +114,8 @@ class _Msg:
 class _Member:
     routing_id: bytes
     instance: str
-    credit: int
+    credit: int  # messages it may still be sent
+    credit_bytes: int  # bytes it may still be sent (a larger message goes alone: below zero)
     delivered: int = 0
     inflight: collections.deque = field(default_factory=collections.deque)
     leaving: bool = False
@@ -140,6 +132,11 @@ class _Group:
         return len(self.backlog) + sum(len(m.inflight) for m in self.members.values())
 
 
+def _with_credit(group: _Group) -> list:
+    return [m for m in group.members.values()
+            if m.credit > 0 and m.credit_bytes > 0 and not m.leaving]
+
+
 class ReliablePublisher:
     """Publishes ``topic`` to every consumer group with credit-based flow control."""
 
@@ -153,7 +150,8 @@ class ReliablePublisher:
         self._by_id: dict[bytes, tuple[_Group, _Member]] = {}
         self.sock = bus.sockets.make(zmq.ROUTER, hwm=0, router_mandatory=1)
         self.endpoint = bind(self.sock, endpoint)
-        self._out = Sender(self.sock, copy_threshold=ZERO_COPY_MIN)  # every send on sock
+        # Every send and receive on sock: credits are handled as the loop sees them.
+        self._channel = Channel(self.sock, self._on_message)
         self._space = asyncio.Event()
         self._drained = asyncio.Event()
         # Messages not yet acknowledged by every group, in order; everything up to
@@ -161,7 +159,6 @@ class ReliablePublisher:
         self._unfinished: collections.deque = collections.deque()
         self.completed_through = 0
         self.tap = _Tap(bus, endpoint + ".tap")
-        self._task = asyncio.ensure_future(self._serve())
 
     async def send(self, msg) -> None:
         """Queue ``msg`` for every group; wait while any group's queue is at its bound."""
@@ -223,15 +220,19 @@ class ReliablePublisher:
         backlog = group.backlog
         if not backlog:
             return
-        members = [m for m in group.members.values() if m.credit > 0 and not m.leaving]
+        members = _with_credit(group)
         while backlog and members:
             member = members[next(group.rotation) % len(members)] if len(members) > 1 \
                 else members[0]
             # An even share of the backlog per member with credit, so replicas still split work.
+            if backlog[0].nbytes > member.credit_bytes and member.inflight:
+                members.remove(member)  # its acknowledgements will make room
+                continue
             take = min(member.credit, BATCH_MAX, -(-len(backlog) // len(members)))
-            records = [backlog.popleft()]
-            nbytes = records[0].nbytes
-            while len(records) < take and backlog and nbytes < BATCH_BYTES:
+            room = min(member.credit_bytes, BATCH_BYTES)
+            record = backlog.popleft()
+            records, nbytes = [record], record.nbytes
+            while len(records) < take and backlog and nbytes + backlog[0].nbytes <= room:
                 record = backlog.popleft()
                 records.append(record)
                 nbytes += record.nbytes
@@ -240,11 +241,12 @@ class ReliablePublisher:
             except zmq.ZMQError:  # peer vanished between notify and send: treat as gone
                 backlog.extendleft(reversed(records))
                 self._drop_member(member.routing_id)
-                members = [m for m in group.members.values() if m.credit > 0 and not m.leaving]
+                members = _with_credit(group)
                 continue
             member.inflight.extend(records)
             member.credit -= len(records)
-            if member.credit == 0:
+            member.credit_bytes -= nbytes
+            if member.credit <= 0 or member.credit_bytes <= 0:
                 members.remove(member)
         self._update_depth()
 
@@ -255,8 +257,8 @@ class ReliablePublisher:
         if len(records) == 1:
             frames = records[0].frames
             head = _HEAD.pack(_DATA, first) + frames[0]
-            self._out.send([member.routing_id, head, *frames[1:]] if len(frames) > 1
-                           else [member.routing_id, head])
+            self._channel.send([member.routing_id, head, *frames[1:]] if len(frames) > 1
+                               else [member.routing_id, head])
             return
         count = len(records)
         envelopes = [r.frames[0] for r in records]
@@ -264,23 +266,19 @@ class ReliablePublisher:
         table = struct.pack(f"<{2 * count}I", *map(len, envelopes),
                             *[len(r.frames) - 1 for r in records])
         head = b"".join([_BATCH_HEAD.pack(_BATCH, first, count), table, *envelopes])
-        # bytes are copied by the Sender; a large head goes in place (it is immutable).
-        self._out.send([member.routing_id,
-                        memoryview(head) if len(head) >= ZERO_COPY_MIN else head, *buffers])
+        # bytes are copied on send; a large head goes in place (it is immutable).
+        self._channel.send([member.routing_id,
+                            memoryview(head) if len(head) >= ZERO_COPY_MIN else head, *buffers])
 
-    async def _serve(self) -> None:
-        shadow = shadow_of(self.sock)
-        while True:
-            for frames in await recv_batch(self.sock, shadow):
-                routing_id, body = _as_bytes(frames[0]), frames[1:]
-                try:
-                    msg = codec.decode(body).message
-                except codec.ProtocolError as exc:
-                    self.stats.malformed += 1
-                    log.warning("%s: malformed control message on %s: %s",
-                                self.bus.instance, self.topic, exc)
-                    continue
-                self._on_control(routing_id, msg)
+    def _on_message(self, frames: list) -> None:
+        try:
+            msg = codec.decode(frames[1:]).message
+        except codec.ProtocolError as exc:
+            self.stats.malformed += 1
+            log.warning("%s: malformed control message on %s: %s",
+                        self.bus.instance, self.topic, exc)
+            return
+        self._on_control(frames[0].bytes, msg)
 
     def drop_instances(self, gone: set[str]) -> None:
         """The supervisor saw these instances exit: give their unacknowledged messages to
@@ -292,7 +290,7 @@ class ReliablePublisher:
     def _send_ctrl(self, routing_id: bytes, tag: bytes, msg=None) -> None:
         frames = [routing_id, _CTRL + tag] + (codec.encode(msg) if msg else [])
         try:
-            self._out.send(frames)
+            self._channel.send(frames)
         except zmq.ZMQError:
             self._drop_member(routing_id)
 
@@ -305,7 +303,7 @@ class ReliablePublisher:
             if group is None:  # a group the graph did not declare
                 group = self.groups[msg.group] = _Group(msg.group)
                 self._backlogs.append((group.backlog, group))
-            member = _Member(routing_id, msg.instance, msg.credit)
+            member = _Member(routing_id, msg.instance, msg.credit, msg.credit_bytes)
             group.members[routing_id] = member
             self._by_id[routing_id] = (group, member)
             log.info("%s: %s joined %s as group %s", self.bus.instance, msg.instance,
@@ -315,9 +313,14 @@ class ReliablePublisher:
             log.warning("%s: control %s from unknown peer on %s", self.bus.instance,
                         type(msg).__name__, self.topic)
         elif isinstance(msg, Credit):
-            for _ in range(min(msg.acked, len(member.inflight))):
-                member.inflight.popleft().remaining -= 1
-            member.credit += msg.acked
+            inflight, freed = member.inflight, 0
+            acked = min(msg.acked, len(inflight))  # credit + in flight stays the window
+            for _ in range(acked):
+                record = inflight.popleft()
+                record.remaining -= 1
+                freed += record.nbytes
+            member.credit += acked
+            member.credit_bytes += freed
             self._advance()
             self._pump(group)
             self._notify_progress()
@@ -357,7 +360,7 @@ class ReliablePublisher:
         # Tell members nothing more is coming, so a draining subscriber need not wait for us.
         for routing_id in list(self._by_id):
             self._send_ctrl(routing_id, _LEAVE_ACK, LeaveAck(self.topic))
-        self._task.cancel()
+        self._channel.close()
         self.tap.close()
         self.bus.sockets.close(self.sock)
 
@@ -369,40 +372,37 @@ class _Connection:
         self.sub, self.endpoint = sub, endpoint
         self.sock = sub.bus.sockets.make(zmq.DEALER, hwm=0)
         self.sock.connect(endpoint)
-        self._out = Sender(self.sock)  # every send on sock
+        self._channel = Channel(self.sock, self._on_message)  # every send and receive on sock
         self.expected = 1
         self.unacked = 0  # delivered and not yet acknowledged
         self.handled = 0  # of those, handed out by recv() and then asked past
+        self.handled_bytes = 0  # their envelopes and array frames
         self.left = False
         # The DEALER queues this until the connection is up: no handshake, no sleep.
-        self.send_control(Join(sub.topic, sub.group, sub.bus.instance, sub.window))
+        self.send_control(Join(sub.topic, sub.group, sub.bus.instance, sub.window,
+                               sub.window_bytes))
         if sub.leaving:
             self.send_control(Leave(sub.topic))
-        self.task = asyncio.ensure_future(self._read())
 
     def send_control(self, msg) -> None:
-        self._out.send(codec.encode(msg))
+        self._channel.send(codec.encode(msg))
 
     def ack(self, count: int) -> None:
         self.unacked -= count
         self.send_control(Credit(self.sub.topic, count))
 
     def ack_handled(self) -> None:
-        count, self.handled = self.handled, 0
+        count, self.handled, self.handled_bytes = self.handled, 0, 0
         if count and not self.sock.closed:
             self.ack(count)
 
-    async def _read(self) -> None:
-        shadow = shadow_of(self.sock)
-        while True:
-            # Only the head frame is small: the rest are large arrays, best left uncopied.
-            for frames in await recv_batch(self.sock, shadow, copy_first=1):
-                self._on_frames(frames)
-            self.sub._wake()
+    def _on_message(self, frames: list) -> None:
+        # Only the head frame is small (copied): the rest are large arrays, left in place.
+        self._on_frames(frames[0].bytes, frames)
+        self.sub._wake()
 
-    def _on_frames(self, frames) -> None:
+    def _on_frames(self, head: bytes, frames: list) -> None:
         sub = self.sub
-        head = _as_bytes(frames[0])
         if head[:1] == _CTRL:
             if head[1:] == _LEAVE_ACK:
                 self.left = True
@@ -423,15 +423,19 @@ class _Connection:
         self.expected = delivery + 1
         self.unacked += 1
         try:
-            envelope = codec.decode([head, *frames[1:]] if len(frames) > 1 else [head],
-                                    _HEAD.size)
+            if len(frames) == 1:
+                envelope = codec.decode([head], _HEAD.size)
+                nbytes = len(head) - _HEAD.size
+            else:
+                envelope = codec.decode([head, *frames[1:]], _HEAD.size)
+                nbytes = len(head) - _HEAD.size + sum(map(len, frames[1:]))
         except codec.ProtocolError as exc:
             sub.stats.malformed += 1
             log.warning("%s: dropped malformed message on %s: %s", sub.bus.instance,
                         sub.topic, exc)
             self.ack(1)
             return
-        sub._queue.append((self, envelope))
+        sub._queue.append((self, envelope, nbytes))
 
     def _on_batch(self, head: bytes, frames) -> None:
         """Unpack a batch delivery (layout at ``_BATCH_HEAD``) into the queue, in order."""
@@ -466,26 +470,29 @@ class _Connection:
                         messages, sub.topic)
             self.ack(messages)
             return
-        decode, queue, alone = codec.decode, sub._queue, [head]
+        decode, append, alone = codec.decode, sub._queue.append, [head]
         start, frame, bad = table_end, 1, 0
         for length, buffers in zip(lengths, buffer_counts, strict=True):
-            end, next_frame = start + length, frame + buffers
+            end = start + length
             try:
-                envelope = decode([head, *frames[frame:next_frame]] if buffers else alone,
-                                  start, end)
+                if buffers:
+                    arrays = frames[frame:frame + buffers]
+                    frame += buffers
+                    append((self, decode([head, *arrays], start, end),
+                            length + sum(map(len, arrays))))
+                else:
+                    append((self, decode(alone, start, end), length))
             except codec.ProtocolError as exc:
                 bad += 1
                 log.warning("%s: dropped malformed message on %s: %s", sub.bus.instance,
                             sub.topic, exc)
-            else:
-                queue.append((self, envelope))
-            start, frame = end, next_frame
+            start = end
         if bad:
             sub.stats.malformed += bad
             self.ack(bad)
 
     def close(self) -> None:
-        self.task.cancel()
+        self._channel.close()
         self.sub.bus.sockets.close(self.sock)
 
 
@@ -498,18 +505,22 @@ class ReliableSubscriber:
     is coming and everything already delivered was returned.
     """
 
-    def __init__(self, bus: Bus, topic: str, window: int):
-        self.bus, self.topic, self.group, self.window = bus, topic, bus.group, window
+    def __init__(self, bus: Bus, topic: str, window: int, window_bytes: int):
+        self.bus, self.topic, self.group = bus, topic, bus.group
+        self.window, self.window_bytes = window, window_bytes  # credit per publisher
         self.stats = TopicStats()
         self.connections: dict[str, _Connection] = {}
+        # (connection, envelope, bytes) delivered and not yet handed out
         self._queue: collections.deque = collections.deque()
         self._event = asyncio.Event()
-        self._last: _Connection | None = None
+        self._last: _Connection | None = None  # the message handed out last, and its bytes
+        self._last_bytes = 0
         self._to_ack: set[_Connection] = set()  # connections with handled messages
         # Handled messages whose outputs are not yet acknowledged downstream:
-        # (connection, watermark) in order; see Bus.watermark.
+        # (connection, watermark, bytes) in order; see Bus.watermark.
         self._waiting: collections.deque = collections.deque()
         self._ack_batch = max(1, window // 4)
+        self._ack_bytes = max(1, window_bytes // 4)
         self._ack_timer: asyncio.TimerHandle | None = None
         self.leaving = False
 
@@ -526,10 +537,10 @@ class ReliableSubscriber:
         self._event.set()
 
     def _ack_previous(self, threshold: int | None = None) -> None:
-        """Return credit in batches of a quarter window (one Credit message per message
-        would cost the publisher as much as the data). Whatever stays below the batch size is
-        sent by :meth:`_flush_acks` if we go idle, like TCP's delayed ACK, so a publisher
-        waiting for its last acknowledgements is never stuck."""
+        """Return credit in batches of a quarter window, in messages or in bytes (one Credit
+        message per message would cost the publisher as much as the data). Whatever stays
+        below that is sent by :meth:`_flush_acks` if we go idle, like TCP's delayed ACK, so a
+        publisher waiting for its last acknowledgements is never stuck."""
         conn = self._last
         if conn is not None:
             self._last = None
@@ -537,17 +548,20 @@ class ReliableSubscriber:
             if watermark or self._waiting:
                 # End to end: what this node published while handling the message must be
                 # acknowledged downstream before the message is, or a crash here would lose it.
-                self._waiting.append((conn, watermark))
+                self._waiting.append((conn, watermark, self._last_bytes))
                 conn = self._release()
             else:
                 conn.handled += 1
+                conn.handled_bytes += self._last_bytes
                 self._to_ack.add(conn)
         if threshold is None:  # only the last connection's count moved
-            if conn is not None and conn.handled >= self._ack_batch:
+            if conn is not None and (conn.handled >= self._ack_batch
+                                     or conn.handled_bytes >= self._ack_bytes):
                 self._to_ack.discard(conn)
                 conn.ack_handled()
             return
-        for conn in [c for c in self._to_ack if c.handled >= threshold]:
+        for conn in [c for c in self._to_ack
+                     if c.handled >= threshold or c.handled_bytes >= self._ack_bytes]:
             self._to_ack.discard(conn)
             conn.ack_handled()
 
@@ -556,8 +570,9 @@ class ReliableSubscriber:
         connection that got one (for the batch check), or None."""
         waiting, conn = self._waiting, None
         while waiting and all(pub.completed_through >= seq for pub, seq in waiting[0][1]):
-            conn = waiting.popleft()[0]
+            conn, _, nbytes = waiting.popleft()
             conn.handled += 1
+            conn.handled_bytes += nbytes
             self._to_ack.add(conn)
         return conn
 
@@ -587,8 +602,7 @@ class ReliableSubscriber:
             self._schedule_flush()
             self._event.clear()
             await self._event.wait()
-        conn, envelope = queue.popleft()
-        self._last = conn
+        self._last, envelope, self._last_bytes = queue.popleft()
         stats = self.stats
         stats.received += 1
         stats.depth = len(queue)
@@ -598,6 +612,16 @@ class ReliableSubscriber:
         return self
 
     async def __anext__(self) -> codec.Envelope:
+        # recv()'s path for a message that is already here, without a second coroutine.
+        if self._last is not None:
+            self._ack_previous()
+        queue = self._queue
+        if queue:
+            self._last, envelope, self._last_bytes = queue.popleft()
+            stats = self.stats
+            stats.received += 1
+            stats.depth = len(queue)
+            return envelope
         envelope = await self.recv()
         if envelope is None:
             raise StopAsyncIteration
@@ -1031,11 +1055,16 @@ class Bus:
             self.publishers[topic] = pub
         return self.publishers[topic]
 
-    def subscriber(self, topic: str, window: int | None = None):
+    def subscriber(self, topic: str, window: int | None = None,
+                   window_bytes: int = WINDOW_BYTES):
+        """The subscription to ``topic``; on a reliable topic each publisher may have
+        ``window`` messages (default: the topic's hwm, at most 256) and ``window_bytes``
+        bytes delivered and not yet acknowledged."""
         if topic not in self.subscribers:
             spec = self._spec(topic)
             if spec.delivery == RELIABLE:
-                sub = ReliableSubscriber(self, topic, window or max(1, min(spec.hwm, 256)))
+                sub = ReliableSubscriber(self, topic, window or max(1, min(spec.hwm, 256)),
+                                         window_bytes)
             else:
                 sub = BroadcastSubscriber(self, topic, spec.delivery,
                                           hwm=2 if spec.delivery == LATEST else spec.hwm)

@@ -174,17 +174,20 @@ class Lifecycle(Message):
 
 @message("bus.join")
 class Join(Message):
-    """Subscriber -> publisher: I consume ``topic`` in ``group`` and grant ``credit`` messages."""
+    """Subscriber -> publisher: I consume ``topic`` in ``group`` and grant ``credit`` messages
+    and ``credit_bytes`` bytes (envelopes plus array frames) in flight."""
 
     topic: str
     group: str
     instance: str
     credit: int
+    credit_bytes: int
 
 
 @message("bus.credit")
 class Credit(Message):
-    """Subscriber -> publisher: ``acked`` messages were handled; grant that much credit again."""
+    """Subscriber -> publisher: the next ``acked`` messages were handled; grant their credit
+    (one message each, and their bytes) again."""
 
     topic: str
     acked: int

@@ -7,7 +7,6 @@ with an open socket hangs, and that is the classic zmq shutdown bug.
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import os
 import platform
@@ -104,103 +103,6 @@ def bind(sock: zmq.Socket, endpoint: str) -> str:
 
 
 _NOBLOCK = int(zmq.NOBLOCK)
-_SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
-_EVENTS = int(zmq.EVENTS)
-# pyzmq's compiled send, without the Python wrapper that only handles DRAFT-socket arguments.
-_send_frame = zmq.backend.Socket.send
-
-
-async def recv_batch(sock: zmq.asyncio.Socket, shadow: zmq.Socket, limit: int = 512,
-                     copy_first: int = 2) -> list:
-    """Every message already waiting (up to ``limit``), or, if none is, the next one.
-
-    Why: each awaited receive costs a future and a loop iteration; under load the messages are
-    already there, and draining them through the plain ``shadow`` of the socket is several times
-    cheaper. The first ``copy_first`` frames of a message come as ``bytes`` (small: routing,
-    headers, envelopes), the rest as ``zmq.Frame`` without a copy (the codec only puts large
-    arrays there); a message that had to be waited for has every frame as ``zmq.Frame``.
-    Safe because the caller is the socket's only reader, the drain stops only when the socket is
-    empty, and zmq.asyncio checks ``EVENTS`` before it waits.
-    """
-    batch = _drain(shadow, limit, copy_first)
-    if not batch:
-        batch.append(await sock.recv_multipart(copy=False))
-        batch += _drain(shadow, limit - 1, copy_first)
-    return batch
-
-
-def drain(shadow: zmq.Socket, limit: int = 512, copy_first: int = 2) -> list:
-    """Every message already waiting (up to ``limit``), without waiting; frames as in
-    :func:`recv_batch`. Only for the socket's only reader, and only to empty it."""
-    return _drain(shadow, limit, copy_first)
-
-
-def _drain(shadow: zmq.Socket, limit: int, copy_first: int) -> list:
-    # Frames, not copies, so that ``Frame.more`` says whether the message goes on: querying
-    # RCVMORE builds an enum per call in pyzmq and costs more than the receive.
-    batch = []
-    recv = shadow.recv
-    try:
-        while len(batch) < limit:
-            frame = recv(_NOBLOCK, False)
-            parts = [frame.bytes if copy_first else frame]
-            while frame.more:
-                frame = recv(_NOBLOCK, False)
-                parts.append(frame.bytes if len(parts) < copy_first else frame)
-            batch.append(parts)
-    except zmq.Again:
-        pass
-    return batch
-
-
-class Sender:
-    """Non-blocking sends through the plain shadow of an asyncio socket, for hot paths.
-
-    Why: zmq.asyncio's ``send_multipart`` makes a future, queries ``EVENTS`` and combines enum
-    flags for every frame, which costs more than the send itself. The hazard that
-    :func:`send_now` avoids is handled here instead: zmq's file descriptor is edge-triggered,
-    so a send that processes the command making a message readable swallows the wake-up a
-    pending asyncio ``recv`` waits for. After sending, once per loop iteration (before the loop
-    can sleep), the sender queries ``EVENTS`` through the asyncio socket, whose ``get`` wakes its
-    waiting readers when something is readable (what pyzmq itself does after a send it makes
-    without waiting).
-
-    Every send on the socket must go through one ``Sender``: a send waiting inside zmq.asyncio
-    would be overtaken. Meant for sockets that never block on send (ROUTER/DEALER with
-    ``hwm=0``); raises ``zmq.Again`` or ``zmq.ZMQError`` like a non-blocking send.
-    """
-
-    def __init__(self, sock: zmq.asyncio.Socket, copy_threshold: int | None = None):
-        self.sock = sock
-        self.shadow = shadow_of(sock)
-        if copy_threshold is not None:  # smaller frames are copied, larger ones sent in place
-            self.shadow.copy_threshold = copy_threshold
-        self._rearm_due = False
-
-    def send(self, frames: list) -> None:
-        """Send one message. ``bytes`` frames (routing ids, envelopes) are copied; other
-        buffers (array frames) are sent in place when they reach the copy threshold."""
-        shadow = self.shadow
-        for frame in frames[:-1]:
-            _send_frame(shadow, frame, _SNDMORE_NOBLOCK, type(frame) is bytes)
-        frame = frames[-1]
-        _send_frame(shadow, frame, _NOBLOCK, type(frame) is bytes)
-        if not self._rearm_due:
-            self._rearm_due = True
-            try:
-                asyncio.get_running_loop().call_soon(self._rearm)
-            except RuntimeError:  # no loop yet, so nobody waits on the socket either
-                self._rearm()
-
-    def _rearm(self) -> None:
-        self._rearm_due = False
-        if not self.sock.closed:
-            self.sock.get(_EVENTS)
-
-
-def shadow_of(sock: zmq.asyncio.Socket) -> zmq.Socket:
-    """A plain (blocking-API) view of the same socket, for non-blocking drains."""
-    return zmq.Socket.shadow(sock.underlying)
 
 
 def send_now(sock: zmq.asyncio.Socket, frames: list, copy: bool = False) -> None:

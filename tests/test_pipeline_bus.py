@@ -14,6 +14,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from pipeline import bus as bus_module
 from pipeline import codec
 from pipeline.bus import Bus, TopicSpec
 from pipeline.messages import Credit, Join, Record
@@ -127,7 +128,7 @@ async def _batch_in_order(tmp_path) -> None:
             await pub.send(Record(i, big if i % 7 == 0 else np.full(3, i)))
 
         raw.connect(pub.endpoint)
-        await raw.send_multipart(codec.encode(Join("numbers", "sink", "sink.0~0", 40)))
+        await raw.send_multipart(codec.encode(Join("numbers", "sink", "sink.0~0", 40, 1 << 30)))
         routing_frames = await asyncio.wait_for(raw.recv_multipart(copy=False), 5)
         head, arrays = routing_frames[0].bytes, routing_frames[1:]
         assert head[:1] == b"B"  # 40 credits, 300 waiting: one delivery of 40 messages
@@ -175,7 +176,7 @@ async def _single_when_idle(tmp_path) -> None:
     try:
         pub = pub_bus.publisher("numbers")
         raw.connect(pub.endpoint)
-        await raw.send_multipart(codec.encode(Join("numbers", "sink", "sink.0~0", 10)))
+        await raw.send_multipart(codec.encode(Join("numbers", "sink", "sink.0~0", 10, 1 << 30)))
         # No timer, no waiting for company: one message is one plain delivery, sent as soon as
         # the member has joined (at once if it already had, else when the Join is read).
         await pub.send(Record(1, None))
@@ -191,3 +192,91 @@ async def _single_when_idle(tmp_path) -> None:
 @pytest.mark.timeout(60)
 def test_a_single_message_on_an_idle_topic_goes_out_at_once(tmp_path):
     asyncio.run(asyncio.wait_for(_single_when_idle(tmp_path), 30))
+
+
+async def _byte_window(tmp_path) -> None:
+    ctx = zmq.asyncio.Context()
+    endpoint = f"ipc://{tmp_path}/numbers"
+    pub_bus = Bus("source.0~0", "source", TOPICS, {"numbers": endpoint}, {"numbers": ["sink"]},
+                  sockets=SocketFactory(ctx))
+    raw = ctx.socket(zmq.DEALER)  # plays a member of group sink
+    raw.linger = 0
+    try:
+        pub = pub_bus.publisher("numbers")
+        size = len(_record(1, np.zeros(1000, np.uint8))[0])  # every message has this many bytes
+        for i in range(1, 11):
+            await pub.send(Record(i, np.zeros(1000, np.uint8)))
+        raw.connect(pub.endpoint)
+        # Credit for 100 messages but only for 3.5 messages' bytes: 3 go out, in one batch.
+        await raw.send_multipart(codec.encode(Join("numbers", "sink", "sink.0~0", 100,
+                                                   size * 7 // 2)))
+        head = (await asyncio.wait_for(raw.recv_multipart(), 5))[0]
+        assert _parse_batch(head)[:2] == (1, 3)
+        assert not await raw.poll(50)  # nothing more until some bytes come back
+        await raw.send_multipart(codec.encode(Credit("numbers", 2)))
+        head = (await asyncio.wait_for(raw.recv_multipart(), 5))[0]
+        assert _parse_batch(head)[:2] == (4, 2)
+        # Bytes come back with acknowledgements: 3 fit again, then 2 (11 is too large).
+        await pub.send(Record(11, np.zeros(10 * 1000, np.uint8)))
+        for acked, first, count in ((3, 6, 3), (3, 9, 2)):
+            await raw.send_multipart(codec.encode(Credit("numbers", acked)))
+            head = (await asyncio.wait_for(raw.recv_multipart(), 5))[0]
+            assert _parse_batch(head)[:2] == (first, count)
+        assert not await raw.poll(50)
+        # A message larger than the whole byte window still goes, alone, once nothing else is
+        # in flight: the window bounds what is in flight, it never blocks a message forever.
+        await raw.send_multipart(codec.encode(Credit("numbers", 2)))
+        head = (await asyncio.wait_for(raw.recv_multipart(), 5))[0]
+        assert head[:1] == b"D" and struct.unpack_from("<Q", head, 1)[0] == 11
+        assert pub.pending() == 1
+    finally:
+        pub_bus.close()
+        raw.close(linger=0)
+        ctx.term()
+
+
+@pytest.mark.timeout(60)
+def test_the_publisher_keeps_bytes_in_flight_within_the_byte_window(tmp_path):
+    asyncio.run(asyncio.wait_for(_byte_window(tmp_path), 30))
+
+
+async def _large_messages_small_window(tmp_path) -> None:
+    ctx = zmq.asyncio.Context()
+    endpoint = f"ipc://{tmp_path}/numbers"
+    pub_bus = Bus("source.0~0", "source", TOPICS, {"numbers": endpoint}, {"numbers": ["sink"]},
+                  sockets=SocketFactory(ctx))
+    sub_bus = Bus("sink.0~0", "sink", TOPICS, {}, {}, sockets=SocketFactory(ctx))
+    try:
+        pub = pub_bus.publisher("numbers")
+        sub_bus.set_peers({"numbers": [pub.endpoint]}, {})
+        # Room for two and a half messages in flight: acknowledgements must go back by bytes
+        # (a quarter of the window), long before a quarter of the 100-message window.
+        sub = sub_bus.subscriber("numbers", window_bytes=5 * codec.INLINE_MAX // 2)
+        count = 200
+
+        async def produce():
+            for i in range(1, count + 1):
+                await pub.send(Record(i, np.full(codec.INLINE_MAX, i % 256, np.uint8)))
+
+        producer = asyncio.ensure_future(produce())
+        for i in range(1, count + 1):
+            envelope = await asyncio.wait_for(sub.recv(), 5)
+            assert envelope.message.origin == i and envelope.message.data[0] == i % 256
+        await producer
+        waiting = asyncio.ensure_future(sub.recv())  # asking for more acknowledges the last
+        assert await pub.flush(5)
+        waiting.cancel()
+        assert sub.stats.gaps == 0 and sub.stats.malformed == 0
+        member = next(iter(pub.groups["sink"].members.values()))
+        assert member.credit_bytes == 5 * codec.INLINE_MAX // 2  # all of it came back
+    finally:
+        pub_bus.close()
+        sub_bus.close()
+        ctx.term()
+
+
+@pytest.mark.timeout(60)
+def test_large_messages_flow_through_a_small_byte_window(tmp_path, monkeypatch):
+    # No delayed acknowledgements: only those sent for bytes handled can keep this moving.
+    monkeypatch.setattr(bus_module, "ACK_DELAY_S", 60.0)
+    asyncio.run(asyncio.wait_for(_large_messages_small_window(tmp_path), 30))
