@@ -5,7 +5,6 @@ Written once here so that every node builds the same algorithm from the same gra
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import gymnasium as gym
@@ -13,17 +12,7 @@ import numpy as np
 import torch
 
 import algorithms
-
-
-@dataclasses.dataclass(frozen=True)
-class AlgorithmConfig:
-    """The fields every node that builds the graph's algorithm shares (unroller, learner,
-    evaluator): declared once so the three stay in step. Node configs extend it."""
-
-    env_id: str = dataclasses.field(metadata={"doc": "Gymnasium id (for the spaces)"})
-    algorithm: dict = dataclasses.field(metadata={"doc": "{name: ..., hyperparameters...}"})
-    env_kwargs: dict = dataclasses.field(default_factory=dict,
-                                         metadata={"doc": "gymnasium.make kwargs"})
+from nodes._algorithm_config import AlgorithmConfig  # noqa: F401  (nodes import it from here)
 
 
 def env_spaces(env_id: str, env_kwargs: dict | None = None) -> tuple[gym.Space, gym.Space]:

@@ -5,7 +5,9 @@ Every ``eval_interval`` environment steps (as stamped on the parameters; the fir
 ``num_eval_episodes`` episodes in parallel with ``predict_step`` and publishes
 ``eval/return`` and ``eval/length``. With ``stop_at_return`` set it finishes once an evaluation
 reaches it, which ends a graph that lists it in ``run.stop_when``.
-Evaluation runs in a worker thread so the node keeps answering heartbeats meanwhile.
+Evaluation runs in a worker thread so the node keeps answering heartbeats meanwhile. The node
+says ready before it builds its algorithm (and imports torch): that happens at the first
+evaluation, so the evaluator takes no CPU from the nodes that start training.
 """
 
 from __future__ import annotations
@@ -15,11 +17,9 @@ import logging
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
-from algorithms.data import StepType
-from algorithms.steps import VectorEnvStepper, make_vector_env
-from nodes._common import AlgorithmConfig, make_algorithm
+from algorithms.steps import StepType, VectorEnvStepper, make_vector_env
+from nodes._algorithm_config import AlgorithmConfig
 from nodes.messages import Metrics
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,8 @@ class Config(AlgorithmConfig):
 
 def evaluate(alg, env_id: str, episodes: int, seed: int) -> tuple[float, float]:
     """Mean return and length of ``episodes`` greedy episodes, one per parallel env."""
+    import torch
+
     env = make_vector_env(env_id, episodes, seed)
     try:
         stepper = VectorEnvStepper(env, seed)
@@ -58,9 +60,19 @@ def evaluate(alg, env_id: str, episodes: int, seed: int) -> tuple[float, float]:
         env.close()
 
 
-async def run(config: Config, bus, ready) -> dict:
+def _build_algorithm(config: Config, device: str):
+    import torch
+
+    from nodes._common import make_algorithm
+
     torch.set_num_threads(1)
-    alg = make_algorithm(config.env_id, config.algorithm, bus.context.device, config.env_kwargs)
+    return make_algorithm(config.env_id, config.algorithm, device, config.env_kwargs)
+
+
+async def run(config: Config, bus, ready) -> dict:
+    # Built at the first evaluation unless that is now. A bad algorithm config then shows at
+    # that evaluation; the unroller and learner, which build the same algorithm, fail at start.
+    alg = _build_algorithm(config, bus.context.device) if config.eval_at_start else None
     params = bus.subscriber("params")
     metrics = bus.publisher("metrics")
     ready()
@@ -78,6 +90,8 @@ async def run(config: Config, bus, ready) -> dict:
         msg = recv.result().message
         if msg.env_steps < next_eval:
             continue
+        if alg is None:
+            alg = await asyncio.to_thread(_build_algorithm, config, bus.context.device)
         alg.load_policy_state_dict(msg.params)
         mean_return, mean_length = await asyncio.to_thread(
             evaluate, alg, config.env_id, config.num_eval_episodes, config.seed)
