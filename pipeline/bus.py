@@ -62,7 +62,7 @@ _HEAD = struct.Struct("<cQ")
 # acknowledgements stay per message; a batch only saves the sends, receives and wake-ups.
 _BATCH_HEAD = struct.Struct("<cQI")
 BATCH_MAX = 64  # messages per batch
-BATCH_BYTES = 1 << 20  # a batch stops growing once its messages reach this many bytes
+BATCH_BYTES = 4 << 20  # a batch stops growing once its messages reach this many bytes
 # Bytes in flight per subscriber connection (besides the message window): bounds the memory a
 # slow consumer of large messages pins on both sides, and keeps it small enough to stay cached.
 WINDOW_BYTES = 16 << 20
