@@ -445,6 +445,8 @@ def _check_descriptor(descriptor: bytes) -> _Spec:
         raise ProtocolError(f"unknown array flags {flags:#x}")
     if flags & _BF16 and (not flags & _TORCH or code != _INT16):
         raise ProtocolError("bfloat16 travels only as a torch tensor of int16 bits")
+    if flags & _TORCH and _DTYPES[code].byteorder == ">":
+        raise ProtocolError("torch tensors travel in little-endian byte order")
     if ndim > MAX_NDIM:
         raise ProtocolError(f"array of {ndim} dimensions (at most {MAX_NDIM})")
     shape = struct.unpack_from(f"<{ndim}Q", descriptor, 3)

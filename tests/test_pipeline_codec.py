@@ -450,6 +450,7 @@ def test_unknown_dtype_codes_are_protocol_errors(code):
     ([descriptor(flags=128)], [], "flags"),
     ([descriptor("<i2", (4,), BF16 | FRAMED)], [b"\0" * 8], "bfloat16"),  # not a tensor
     ([descriptor("<f2", (4,), BF16 | TORCH | FRAMED)], [b"\0" * 8], "bfloat16"),  # not int16
+    ([descriptor(code=16, flags=TORCH | FRAMED)], [b"\0" * 4], "byte order"),  # >i4 tensor
     ([descriptor(shape=(1,) * 33, flags=FRAMED)], [b"\0" * 8], "dimensions"),
     ([descriptor(shape=(1,), ndim=2, flags=FRAMED)], [b"\0" * 8], "truncated"),
     ([descriptor(flags=FRAMED)[:-1]], [b"\0" * 8], "truncated"),
