@@ -65,7 +65,7 @@ BATCH_MAX = 64  # messages per batch
 BATCH_BYTES = 4 << 20  # a batch stops growing once its messages reach this many bytes
 # Bytes in flight per subscriber connection (besides the message window): bounds the memory a
 # slow consumer of large messages pins on both sides, and keeps it small enough to stay cached.
-WINDOW_BYTES = 16 << 20
+WINDOW_BYTES = 32 << 20
 _LEAVE_ACK = b"A"
 ACK_DELAY_S = 0.002  # how long an idle subscriber may sit on credit below the batch size
 _DATA = b"D"
