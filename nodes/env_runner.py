@@ -32,6 +32,8 @@ class Config:
     request_timeout_s: float = field(default=60.0, metadata={"doc": "wait for actions"})
     metrics_interval_s: float = field(default=5.0, metadata={"doc": "episode metrics period"})
     max_env_failures: int = field(default=100, metadata={"doc": "give up after this many"})
+    max_steps: int | None = field(default=None, metadata={
+        "doc": "finish after this many env steps (all envs together); None: run until stopped"})
     env_groups: int = field(default=1, metadata={
         "doc": "split the envs into groups that step while the others wait for actions"})
 
@@ -100,7 +102,8 @@ async def _step_group(config: Config, bus, group: int, policy, metrics, stats: E
     ts = stepper.reset()
     need_reset = False  # the env was recreated: the step after the LAST we reported is a reset
     try:
-        while not bus.stopping.is_set():
+        while not bus.stopping.is_set() and (config.max_steps is None
+                                             or counters.steps < config.max_steps):
             waited_from = time.perf_counter()
             try:
                 reply = await policy.request(

@@ -111,7 +111,7 @@ nodes:
   env_runner:
     kind: env_runner
     config: {env_id: "ConduitTest/FlakyCartPole-v0", num_envs: 4, env_groups: 2,
-             max_env_failures: 1000000}
+             max_env_failures: 1000000, max_steps: 400}
     calls: [policy]
   unroller:
     kind: unroller
@@ -124,7 +124,8 @@ nodes:
     subscribes: [experience]
     serves: [sample]
 run:
-  duration_s: 3
+  stop_when: [env_runner]  # after its 400 steps: each env raised on its 30th and went on
+  duration_s: 120
 """
 
 
