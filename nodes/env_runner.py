@@ -182,9 +182,10 @@ class _StopAwareRequests:
         """The reply, or None if the run stops first."""
         if self.stopped.done():
             return None
-        if not self.client.connections:  # no unroller yet, or it is restarting
-            return await _first(self.client.request(msg, timeout), self.stopped)
-        reply = self.client.submit(msg, timeout)
+        if self.client.connections:
+            reply = self.client.submit(msg, timeout)
+        else:  # no unroller yet, or it is restarting: wait for one within the timeout
+            reply = asyncio.ensure_future(self.client.request(msg, timeout))
         done, _ = await asyncio.wait((reply, self.stopped), return_when=asyncio.FIRST_COMPLETED)
         if reply not in done:
             reply.cancel()
@@ -193,15 +194,6 @@ class _StopAwareRequests:
 
     def close(self) -> None:
         self.stopped.cancel()
-
-
-async def _first(coro, stopped: asyncio.Future):
-    request = asyncio.ensure_future(coro)
-    done, _ = await asyncio.wait((request, stopped), return_when=asyncio.FIRST_COMPLETED)
-    if request not in done:
-        request.cancel()
-        return None
-    return request.result()
 
 
 def _truncated(ts: TimeStep) -> TimeStep:
