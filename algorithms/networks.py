@@ -203,9 +203,15 @@ class SquashedNormal(td.TransformedDistribution):
     def __init__(self, loc, scale, action_scale, action_bias):
         base = td.Independent(td.Normal(loc, scale, validate_args=False), 1,
                               validate_args=False)
-        transforms = [td.TanhTransform(cache_size=1),
-                      td.AffineTransform(action_bias, action_scale, event_dim=1, cache_size=1)]
-        super().__init__(base, transforms, validate_args=False)
+        # Not TransformedDistribution.__init__: it derives the shapes with
+        # torch.broadcast_shapes, which imports sympy on first use (0.6 s in the first update
+        # and the first sampled action of every process). Tanh and an affine map with a
+        # per-dimension scale keep the base's shapes, so they are set here directly.
+        self.transforms = [td.TanhTransform(cache_size=1),
+                           td.AffineTransform(action_bias, action_scale, event_dim=1,
+                                              cache_size=1)]
+        self.base_dist = base
+        td.Distribution.__init__(self, base.batch_shape, base.event_shape, validate_args=False)
 
     @property
     def mode(self):

@@ -62,6 +62,9 @@ class Learner:
         self.last_metrics: dict = {}
         self._report_at = time.monotonic() + config.metrics_interval_s
         self._updates_at_report = 0
+        # Where the learner's time goes between reports: training vs waiting for data.
+        self._train_s = 0.0
+        self._wait_s = 0.0
 
     async def publish_params(self) -> None:
         await self.params.send(Params(self.version, self.env_steps,
@@ -77,12 +80,16 @@ class Learner:
             await self.publish_params()
         now = time.monotonic()
         if self.metrics is not None and now >= self._report_at:
-            rate = (self.iteration - self._updates_at_report) / (
-                now - self._report_at + self.config.metrics_interval_s)
+            period = now - self._report_at + self.config.metrics_interval_s
+            updates = self.iteration - self._updates_at_report
             self._report_at, self._updates_at_report = now + self.config.metrics_interval_s, \
                 self.iteration
+            timing = {"learner/updates_per_s": updates / period,
+                      "learner/train_ms_per_update": 1e3 * self._train_s / max(updates, 1),
+                      "learner/wait_share": self._wait_s / period}
+            self._train_s = self._wait_s = 0.0
             await self.metrics.send(Metrics(self.bus.context.instance, self.env_steps, {
-                **metrics, "learner/updates_per_s": rate, "learner/iteration": self.iteration,
+                **metrics, **timing, "learner/iteration": self.iteration,
                 "learner/version": self.version}))
 
     def state(self) -> dict:
@@ -104,9 +111,12 @@ class Learner:
         while not self.bus.stopping.is_set() and self.env_steps < config.num_env_steps:
             if pending is None:
                 pending = await self._submit(client, length)
-            stop = asyncio.ensure_future(self.bus.stopping.wait())
-            await asyncio.wait({pending, stop}, return_when=asyncio.FIRST_COMPLETED)
-            stop.cancel()
+            waited = time.perf_counter()
+            if not pending.done():
+                stop = asyncio.ensure_future(self.bus.stopping.wait())
+                await asyncio.wait({pending, stop}, return_when=asyncio.FIRST_COMPLETED)
+                stop.cancel()
+            self._wait_s += time.perf_counter() - waited
             if not pending.done():  # stopping; the rate limiter may hold this one forever
                 break
             try:
@@ -119,7 +129,9 @@ class Learner:
             self.env_steps = max(self.env_steps, reply.env_steps)
             exp = Experience.from_dict(to_torch(reply.experience))
             weights = torch.as_tensor(reply.importance_weights) if config.prioritized else None
+            started = time.perf_counter()
             result = self.alg.train_on(exp, weights)
+            self._train_s += time.perf_counter() - started
             if priorities is not None and result.priorities is not None:
                 await priorities.send(Priorities(reply.env_ids, reply.positions,
                                                  result.priorities))
@@ -141,7 +153,9 @@ class Learner:
         async for envelope in trajectories:
             msg = envelope.message
             self.env_steps = max(self.env_steps, msg.env_steps)
+            started = time.perf_counter()
             result = self.alg.train_on(Experience.from_dict(to_torch(msg.experience)))
+            self._train_s += time.perf_counter() - started
             await self.after_update(result.metrics)
             if self.env_steps >= self.config.num_env_steps:
                 return
