@@ -9,10 +9,11 @@ evaluation time excluded from the clock). Each stops at the first evaluation tha
 threshold. The last line printed is one JSON object; ``ratio`` is ours / SB3 wall-clock seconds
 to the threshold (null when either run did not reach it or SB3 has no counterpart).
 
-With ``--graph``, both clocks start when the process starts: the graph's at the first node's
-launch (imports, network construction and every node's start-up included), SB3's at the launch
-of a fresh Python process that imports SB3, builds the model and trains (its evaluation time
-is still excluded, although it stops SB3's training while the graph evaluates in parallel).
+With ``--graph``, both clocks start when a process is launched: the graph's at the launch of
+``run.py`` (graph validation, imports, the fork server, every node's start-up included), SB3's at
+the launch of a fresh Python process that imports SB3, builds the model and trains (its
+evaluation time is still excluded, although it stops SB3's training while the graph evaluates
+in parallel).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def run_ours(p: Preset, seed: int, threads: int) -> dict:
 
 def run_graph(graph: str, p: Preset, threads: int) -> dict:
     """Train through the multi-process graph (``python run.py GRAPH``), stopping at the first
-    evaluation that reaches the threshold. Seconds run from the first node's start to that
+    evaluation that reaches the threshold. Seconds run from the launch of ``run.py`` to that
     evaluation (the evaluator works in its own process, so no time is left out)."""
     import subprocess
     import tempfile
@@ -58,11 +59,9 @@ def run_graph(graph: str, p: Preset, threads: int) -> dict:
         cmd = [sys.executable, str(root / "run.py"), "run", graph, "--run-dir", run_dir,
                "--quiet", "--set", f"nodes.evaluator.config.stop_at_return={p.threshold}",
                "--set", f"nodes.learner.config.num_threads={threads}"]
-        started = time.time()
+        t0 = time.time()
         code = subprocess.run(cmd, cwd=root).returncode
-        wall = time.time() - started
-        with open(Path(run_dir) / "events.jsonl") as f:
-            t0 = min(e["t"] for e in map(json.loads, f) if e["topic"].endswith(".started"))
+        wall = time.time() - t0
         with open(Path(run_dir) / "metrics.jsonl") as f:
             evals = [m for m in map(json.loads, f) if "eval/return" in m]
     for m in evals:

@@ -158,8 +158,12 @@ def _supervise(graph, run_dir: str, resume: str | None, quiet: bool) -> int:
 
     import uvloop
 
+    from pipeline import forkserver
     from pipeline.supervisor import Supervisor
 
+    # Now, while every node kind is imported (graph validation did it) and before the event
+    # loop or any ZeroMQ context exists: nodes will be forks of this state.
+    server = forkserver.start()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s",
                         handlers=[logging.FileHandler(os.path.join(run_dir, "supervisor.log"))])
     print(f"run directory: {run_dir}", file=sys.stderr)
@@ -167,7 +171,7 @@ def _supervise(graph, run_dir: str, resume: str | None, quiet: bool) -> int:
         print(f"resuming from {resume}", file=sys.stderr)
 
     async def go() -> int:
-        sup = Supervisor(graph, run_dir, resume=resume)
+        sup = Supervisor(graph, run_dir, resume=resume, forkserver=server)
         code = await sup.run(progress=None if quiet else _progress)
         if sup.failure:
             print(f"\nerror: {sup.failure}", file=sys.stderr)

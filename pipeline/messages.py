@@ -122,6 +122,15 @@ class Finished(Message):
     topics: dict
 
 
+@message("recorded")
+class Recorded(Message):
+    """Supervisor -> node: its ``Finished`` or ``Failure`` was recorded, so it may exit. Why a
+    reply: a node's exit can reach the supervisor (the fork server reports it at once) before
+    the last control message does, and then a finished node would look like a crash."""
+
+    instance: str
+
+
 @message("peers")
 class Peers(Message):
     """Supervisor -> node: the current publisher/server endpoints for every topic/service,

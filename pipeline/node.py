@@ -31,7 +31,16 @@ from pipeline import codec
 from pipeline import config as configlib
 from pipeline.bus import Bus, TopicSpec
 from pipeline.graph import resolve_kind
-from pipeline.messages import Failure, Finished, Heartbeat, Hello, Peers, Ready, Stop
+from pipeline.messages import (
+    Failure,
+    Finished,
+    Heartbeat,
+    Hello,
+    Peers,
+    Ready,
+    Recorded,
+    Stop,
+)
 from pipeline.sockets import SocketFactory, send_now
 
 log = logging.getLogger(__name__)
@@ -122,14 +131,14 @@ async def run_instance(launch: Launch, sockets: SocketFactory | None = None,
                 for helper in helpers:
                     helper.cancel()
         summary = summary if isinstance(summary, dict) else {}
-        control.send(Finished(launch.incarnation, _plain(summary), bus.stats()))
+        await control.send_last(Finished(launch.incarnation, _plain(summary), bus.stats()))
         return summary
     except asyncio.CancelledError:
         raise
     except BaseException as exc:  # report why before dying: heartbeats only catch hangs
         error = _describe(exc)
         log.error("%s failed: %s", launch.incarnation, error, exc_info=exc)
-        control.send(Failure(launch.incarnation, error, traceback.format_exc()))
+        await control.send_last(Failure(launch.incarnation, error, traceback.format_exc()))
         raise NodeFailed(error) from exc
     finally:
         bus.close()
@@ -172,6 +181,17 @@ class _Control:
     def send(self, msg) -> None:
         if self.sock is not None and not self.sock.closed:
             send_now(self.sock, codec.encode(msg, self.launch.incarnation))
+
+    async def send_last(self, msg, timeout_s: float = 5.0) -> None:
+        """Send the node's last word (``Finished``/``Failure``) and wait until the supervisor
+        recorded it; a supervisor that is gone costs at most ``timeout_s``."""
+        if self.sock is None or self.sock.closed:
+            return
+        self.send(msg)
+        with contextlib.suppress(TimeoutError, zmq.ZMQError, codec.ProtocolError):
+            async with asyncio.timeout(timeout_s):
+                while not isinstance(reply := await self._recv(), Recorded):
+                    self._handle(reply)
 
     async def start(self) -> None:
         if self.sock is None:

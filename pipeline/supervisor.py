@@ -6,8 +6,8 @@ event is published on ``supervisor.<node>.<event>`` (and appended to ``events.js
 
 Start: every node at once. Waiting for peers is the bus's job (a reliable publisher holds
 messages until each declared consumer group has joined, a client waits for a server), so start
-order cannot lose anything, and importing torch and building networks in parallel halves the
-start-up of a training graph on two cores compared with starting it in dependency waves.
+order cannot lose anything. Processes come from the fork server (:mod:`pipeline.forkserver`),
+which holds every node kind's imports already; a swapped-in node is a fresh interpreter.
 Stop: :meth:`Graph.stop_order` waves, producers first, each node drained gracefully, then
 SIGKILL after ``grace_s``. Nothing is left running.
 """
@@ -29,6 +29,7 @@ import zmq
 
 from pipeline import codec, wiring
 from pipeline import config as configlib
+from pipeline.forkserver import ForkServer
 from pipeline.graph import Graph, resolve_kind
 from pipeline.messages import (
     ControlReply,
@@ -40,6 +41,7 @@ from pipeline.messages import (
     Lifecycle,
     Peers,
     Ready,
+    Recorded,
     Stop,
 )
 from pipeline.node import Launch
@@ -75,8 +77,11 @@ class Watcher:
     """Keeps one replica (``<node>.<replica>``) running according to its restart policy."""
 
     def __init__(self, sup: Supervisor, node: str, replica: int, kind: str | None = None,
-                 config: dict | None = None):
+                 config: dict | None = None, fresh: bool = False):
         self.sup, self.node, self.replica = sup, node, replica
+        # A fresh interpreter per start instead of a fork of the supervisor's fork server:
+        # a swapped-in node must run the code on disk now, not what the server imported.
+        self.fresh = fresh
         self.instance = f"{node}.{replica}"
         self.kind, self.config = kind, config
         self.current: Incarnation | None = None
@@ -87,6 +92,7 @@ class Watcher:
         self.task: asyncio.Task | None = None
         self.done = asyncio.Event()  # the watcher stopped watching (finished, gave up, stopped)
         self.became_ready = asyncio.Event()  # some incarnation said ready
+        self.relaunched = asyncio.Event()  # set (and replaced) at each new incarnation
 
     @property
     def spec(self):
@@ -98,7 +104,7 @@ class Watcher:
         A node that fails while starting is restarted by its policy like any other failure;
         this returns once one incarnation said ready, and raises RunFailed if the watcher gave
         up (crash loop, policy ``never``) or nothing was ready within ``ready_timeout_s``."""
-        self.current = await self.sup.launch(self)
+        self._set_current(await self.sup.launch(self))
         self.state = "starting"
         self.task = asyncio.ensure_future(self._watch(self.current))
         ready = asyncio.ensure_future(self.became_ready.wait())
@@ -158,10 +164,15 @@ class Watcher:
                 break
             self.restarts += 1
             inc = await self.sup.launch(self)
-            self.current = inc
+            self._set_current(inc)
             self.state = "starting"
             self.sup.publish_event(self, "restarted", f"attempt {self.restarts}")
         self.done.set()
+
+    def _set_current(self, inc: Incarnation) -> None:
+        self.current = inc
+        self.relaunched.set()
+        self.relaunched = asyncio.Event()
 
     async def stop(self, reason: str) -> None:
         """Graceful stop of the current incarnation; SIGKILL after the grace period."""
@@ -178,8 +189,10 @@ class Watcher:
 class Supervisor:
     """Runs a graph as processes. Use :meth:`run` (returns an exit code)."""
 
-    def __init__(self, graph: Graph, run_dir: str, resume: str | None = None):
+    def __init__(self, graph: Graph, run_dir: str, resume: str | None = None,
+                 forkserver: ForkServer | None = None):
         self.graph, self.run_dir, self.resume = graph, run_dir, resume
+        self.forkserver = forkserver  # see pipeline.forkserver; None: fresh interpreters
         self.sock_dir = wiring.run_socket_dir(run_dir)
         self.sockets = SocketFactory()
         self.watchers: dict[str, list[Watcher]] = {n: [] for n in graph.nodes}
@@ -227,17 +240,23 @@ class Supervisor:
         launch.dump(path)
         inc = Incarnation(launch)
         self.incarnations[launch.incarnation] = inc
-        log_file = open(self.log_path(watcher), "ab")  # noqa: SIM115 - handed to the child
+        inc.process = await self._start_process(path, self.log_path(watcher), watcher.fresh)
+        self.publish_event(watcher, "started", f"pid {inc.process.pid}")
+        asyncio.ensure_future(self._reap(watcher, inc))
+        return inc
+
+    async def _start_process(self, launch_path: str, log_path: str, fresh: bool):
+        if self.forkserver is not None and self.forkserver.alive and not fresh:
+            with contextlib.suppress(OSError):  # the server is gone: a fresh one below
+                return await self.forkserver.spawn(launch_path, log_path)
+        log_file = open(log_path, "ab")  # noqa: SIM115 - handed to the child
         try:
-            inc.process = await asyncio.create_subprocess_exec(
-                sys.executable, os.path.abspath(_run_py()), "node", path, self.log_path(watcher),
+            return await asyncio.create_subprocess_exec(
+                sys.executable, os.path.abspath(_run_py()), "node", launch_path, log_path,
                 stdout=log_file, stderr=log_file, stdin=asyncio.subprocess.DEVNULL,
                 start_new_session=True)  # our SIGINT is ours to forward, not the terminal's
         finally:
             log_file.close()
-        self.publish_event(watcher, "started", f"pid {inc.process.pid}")
-        asyncio.ensure_future(self._reap(watcher, inc))
-        return inc
 
     async def _reap(self, watcher: Watcher, inc: Incarnation) -> None:
         inc.returncode = await inc.process.wait()
@@ -323,11 +342,13 @@ class Supervisor:
     def _on_failure(self, inc: Incarnation, msg: Failure) -> None:
         inc.failure = msg.error
         log.error("%s failed: %s", msg.instance, msg.error)
+        self._send(inc.launch.incarnation, Recorded(inc.launch.incarnation))
 
     def _on_finished(self, inc: Incarnation, msg: Finished) -> None:
         inc.finished = True
         inc.heartbeat.setdefault("status", {}).update(msg.summary)
         inc.heartbeat["topics"] = msg.topics
+        self._send(inc.launch.incarnation, Recorded(inc.launch.incarnation))
 
     async def _on_request(self, identity: bytes, req: ControlRequest) -> None:
         handler = getattr(self, f"cmd_{req.command}", None)
@@ -369,7 +390,9 @@ class Supervisor:
                 "topics": {t: {"delivery": d.delivery, "publishers": peers.topics.get(t, []),
                                "taps": taps.get(t, [])}
                            for t, d in self.graph.topics.items()},
-                "events": self.events_endpoint}
+                "events": self.events_endpoint,
+                "forkserver": {"pid": self.forkserver.pid, "alive": self.forkserver.alive}
+                if self.forkserver else None}
 
     async def cmd_wait_ready(self, node: str | None = None, timeout: float = 300.0) -> dict:
         """Answer once every replica of ``node`` (or of every node) is running and ready."""
@@ -385,8 +408,12 @@ class Supervisor:
                 watchers = [w for n in names for w in self.watchers[n]]
                 if not watchers or any(w.current is None for w in watchers):
                     raise RunFailed(f"{', '.join(names)} did not start (see status)")
-                pending = [w.current.ready.wait() for w in watchers
-                           if not w.current.ready.is_set()]
+                # An incarnation that exited while its watcher goes on (a crash, a restart
+                # under way) is not ready: wait for the next one.
+                pending = [w.relaunched.wait() if w.current.exited.is_set() and
+                           not w.done.is_set() else w.current.ready.wait()
+                           for w in watchers if not w.current.ready.is_set() or
+                           (w.current.exited.is_set() and not w.done.is_set())]
                 if not pending:
                     return
                 await asyncio.gather(*pending)
@@ -444,7 +471,7 @@ class Supervisor:
         return self.watchers[node]
 
     async def _replace(self, old: Watcher, kind, config, event: str) -> None:
-        replacement = Watcher(self, old.node, old.replica, kind, config)
+        replacement = Watcher(self, old.node, old.replica, kind, config, fresh=True)
         await replacement.start()  # ready before the old one is asked to stop
         watchers = self.watchers[old.node]
         watchers[watchers.index(old)] = replacement
@@ -534,6 +561,8 @@ class Supervisor:
                 helper.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
             self.sockets.close_all()
+            if self.forkserver is not None:
+                await self.forkserver.close()
             self._events_file.close()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)

@@ -120,8 +120,10 @@ def node_pids(run_dir: str) -> list[int]:
 
 
 def alive(pid: int) -> bool:
+    """Running (a zombie waiting for init to reap it is not: it has exited)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
         return False
-    return True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -115,9 +116,11 @@ def test_sigint_stops_every_node_and_exits_0(live):
     run.wait_ready()
     pids = [info["pid"] for info in run.command("status")["nodes"].values()]
     assert all(alive(pid) for pid in pids)
+    server = run.command("status")["forkserver"]["pid"]
     run.interrupt()
     assert run.finish(60) == 0, run.stderr
     assert not [pid for pid in node_pids(run.run_dir) if alive(pid)]
+    assert not alive(server)
 
 
 @pytest.mark.timeout(120)
@@ -179,3 +182,44 @@ def test_a_crash_loop_stops_the_run_naming_the_node_and_its_log(tmp_path):
     assert str(run_dir / "logs" / "broken.0.log") in last
     assert "Traceback" not in result.stderr
     assert not [pid for pid in node_pids(str(run_dir)) if alive(pid)]
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _wait_for_exit(pid: int, timeout_s: float = 60) -> None:
+    """Block until a process that is not our child has exited (a pidfd turns readable)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        assert select.select([fd], [], [], timeout_s)[0], f"pid {pid} still alive"
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.timeout(180)
+def test_nodes_are_forks_of_the_fork_server_and_outlive_its_death(live):
+    run = live("nodes.source.config.count=0", "nodes.sink.config.expected=0")
+    run.wait_ready()
+    status = run.command("status")
+    server = status["forkserver"]["pid"]
+    before = {name: info["pid"] for name, info in status["nodes"].items()}
+    assert {name: _parent(pid) for name, pid in before.items()} == dict.fromkeys(before, server)
+
+    os.kill(server, signal.SIGKILL)
+    for pid in before.values():  # nobody could reap them any more: the supervisor kills them
+        _wait_for_exit(pid)
+    run.wait_ready()  # the watchers restarted them, as fresh interpreters
+    status = run.command("status")
+    assert status["forkserver"]["alive"] is False
+    for name, info in status["nodes"].items():
+        assert info["pid"] != before[name] and info["restarts"] >= 1, (name, info)
+        assert _parent(info["pid"]) == run.proc.pid, name
+    run.interrupt()
+    assert run.finish(60) == 0, run.stderr
+    assert not [pid for pid in node_pids(run.run_dir) if alive(pid)]
+    assert not alive(server)
