@@ -11,8 +11,9 @@ from pipeline.messages import Record
 
 @dataclass(frozen=True)
 class Config:
-    count: int = field(default=100_000, metadata={"doc": "records to send; 0 = until stopped"})
-    size: int = field(default=16, metadata={"doc": "int64 elements per record"})
+    count: int = field(default=100_000, metadata={"doc": "records to send; 0 = until stopped",
+                                                  "minimum": 0})
+    size: int = field(default=16, metadata={"doc": "int64 elements per record", "minimum": 1})
     output: str = field(default="numbers", metadata={"doc": "topic to publish on"})
 
 

@@ -1,7 +1,7 @@
 """learner: ALF's training iterations, fed by the replay store (off-policy) or by unrolls.
 
 Off-policy: it asks the ``sample`` service for ``[mini_batch_size, mini_batch_length]`` batches,
-keeping the next request in flight while it trains on the current batch (prefetch), runs
+keeping the next ``prefetch`` requests in flight while it trains on the current batch, runs
 ``train_on`` with the importance weights when replay is prioritized, publishes the new
 priorities, and every ``publish_params_every`` updates publishes the policy parameters with a
 version that only grows. How many updates per environment step is the replay store's rate
@@ -17,6 +17,7 @@ a graph that lists it in ``run.stop_when``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -41,6 +42,8 @@ class Config(AlgorithmConfig):
     prioritized: bool = field(default=False, metadata={
         "doc": "use importance weights and send priorities (replay must be prioritized)"})
     publish_params_every: int = field(default=1, metadata={"doc": "updates between params"})
+    prefetch: int = field(default=2, metadata={
+        "doc": "sample requests kept in flight while training", "minimum": 1})
     metrics_interval_s: float = field(default=5.0, metadata={"doc": "metrics period"})
     request_timeout_s: float = field(default=120.0, metadata={"doc": "sample reply timeout"})
     seed: int = field(default=0, metadata={"doc": "torch seed"})
@@ -107,25 +110,23 @@ class Learner:
         client = self.bus.client("sample")
         priorities = self.bus.publisher("priorities") if config.prioritized else None
         length = config.mini_batch_length or getattr(self.alg, "mini_batch_length", 2)
-        pending = None
+        pending: collections.deque = collections.deque()  # sample requests in flight, FIFO
         while not self.bus.stopping.is_set() and self.env_steps < config.num_env_steps:
-            if pending is None:
-                pending = await self._submit(client, length)
+            while len(pending) < config.prefetch:  # the next batches come while we train
+                pending.append(await self._submit(client, length))
             waited = time.perf_counter()
-            if not pending.done():
+            if not pending[0].done():
                 stop = asyncio.ensure_future(self.bus.stopping.wait())
-                await asyncio.wait({pending, stop}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({pending[0], stop}, return_when=asyncio.FIRST_COMPLETED)
                 stop.cancel()
             self._wait_s += time.perf_counter() - waited
-            if not pending.done():  # stopping; the rate limiter may hold this one forever
+            if not pending[0].done():  # stopping; the rate limiter may hold this one forever
                 break
             try:
-                reply = pending.result().message
+                reply = pending.popleft().result().message
             except TimeoutError as exc:  # replay store restarting: ask again
                 log.warning("%s; asking again", exc)
-                pending = None
                 continue
-            pending = await self._submit(client, length)  # prefetch while we train
             self.env_steps = max(self.env_steps, reply.env_steps)
             exp = Experience.from_dict(to_torch(reply.experience))
             weights = torch.as_tensor(reply.importance_weights) if config.prioritized else None
@@ -136,8 +137,8 @@ class Learner:
                 await priorities.send(Priorities(reply.env_ids, reply.positions,
                                                  result.priorities))
             await self.after_update(result.metrics)
-        if pending is not None:
-            pending.cancel()
+        for request in pending:
+            request.cancel()
         # Tell the replay store we stopped sampling, so it stops holding back inserts.
         with contextlib.suppress(TimeoutError):
             client.submit(SampleRequest(0, 0, self.iteration), 5.0).add_done_callback(

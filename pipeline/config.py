@@ -23,7 +23,8 @@ class ConfigError(ValueError):
 
 
 def build(cls: type, data: Any, where: str = "") -> Any:
-    """``cls(**data)`` after checking keys and types; raises :class:`ConfigError`."""
+    """``cls(**data)`` after checking keys, types and a field's ``minimum`` (metadata); raises
+    :class:`ConfigError`."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -38,6 +39,9 @@ def build(cls: type, data: Any, where: str = "") -> Any:
         path = _join(where, name)
         if name in data:
             values[name] = check(hints[name], data[name], path)
+            minimum = f.metadata.get("minimum")
+            if minimum is not None and values[name] is not None and values[name] < minimum:
+                raise ConfigError(path, f"must be >= {minimum}, got {values[name]!r}")
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(path, "required key is missing")
     return cls(**values)

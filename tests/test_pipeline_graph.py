@@ -119,6 +119,8 @@ CASES = [
      "nodes.source.config.cuont", "unknown key (known: count, size, output)"),
     ("bad-config-type", edit("config: {count: 10}", "config: {count: many}"), (), 7,
      "nodes.source.config.count", "expected an integer, got str 'many'"),
+    ("config-below-minimum", edit("config: {count: 10}", "config: {count: -3}"), (), 7,
+     "nodes.source.config.count", "must be >= 0, got -3"),
     ("config-not-a-mapping", edit("config: {count: 10}", "config: [10]"), (), 7,
      "nodes.source.config", "expected a mapping, got list"),
     ("publishes-undeclared-topic", edit("publishes: [numbers]", "publishes: [numbers, other]"),
