@@ -36,7 +36,11 @@ DISABLE_ENV = "CONDUIT_FORKSERVER"  # "0": start every node as a fresh interpret
 
 
 def available() -> bool:
-    """Linux only (fork after imports is what it relies on), and not switched off."""
+    """Linux only (fork after imports is what it relies on), not switched off, and not after
+    something initialized CUDA in this process (a forked child could not use it)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return False
     return sys.platform.startswith("linux") and os.environ.get(DISABLE_ENV, "1") != "0"
 
 
