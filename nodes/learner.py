@@ -44,6 +44,9 @@ class Config(AlgorithmConfig):
     publish_params_every: int = field(default=1, metadata={"doc": "updates between params"})
     prefetch: int = field(default=2, metadata={
         "doc": "sample requests kept in flight while training", "minimum": 1})
+    batches_per_request: int = field(default=1, metadata={
+        "doc": "mini-batches fetched by one sample request (fewer round trips for small "
+               "updates; each is trained on in turn)", "minimum": 1})
     metrics_interval_s: float = field(default=5.0, metadata={"doc": "metrics period"})
     request_timeout_s: float = field(default=120.0, metadata={"doc": "sample reply timeout"})
     seed: int = field(default=0, metadata={"doc": "torch seed"})
@@ -128,15 +131,20 @@ class Learner:
                 log.warning("%s; asking again", exc)
                 continue
             self.env_steps = max(self.env_steps, reply.env_steps)
-            exp = Experience.from_dict(to_torch(reply.experience))
-            weights = torch.as_tensor(reply.importance_weights) if config.prioritized else None
-            started = time.perf_counter()
-            result = self.alg.train_on(exp, weights)
-            self._train_s += time.perf_counter() - started
-            if priorities is not None and result.priorities is not None:
-                await priorities.send(Priorities(reply.env_ids, reply.positions,
-                                                 result.priorities))
-            await self.after_update(result.metrics)
+            batch = to_torch(reply.experience)
+            size = config.mini_batch_size
+            for first in range(0, size * config.batches_per_request, size):
+                rows = slice(first, first + size)
+                exp = Experience.from_dict({k: v[rows] for k, v in batch.items()})
+                weights = torch.as_tensor(reply.importance_weights[rows]) \
+                    if config.prioritized else None
+                started = time.perf_counter()
+                result = self.alg.train_on(exp, weights)
+                self._train_s += time.perf_counter() - started
+                if priorities is not None and result.priorities is not None:
+                    await priorities.send(Priorities(reply.env_ids[rows], reply.positions[rows],
+                                                     result.priorities))
+                await self.after_update(result.metrics)
         for request in pending:
             request.cancel()
         # Tell the replay store we stopped sampling, so it stops holding back inserts.
@@ -146,7 +154,8 @@ class Learner:
 
     async def _submit(self, client, length: int):
         await asyncio.wait_for(client._available.wait(), self.config.request_timeout_s)
-        return client.submit(SampleRequest(self.config.mini_batch_size, length, self.iteration),
+        size = self.config.mini_batch_size * self.config.batches_per_request
+        return client.submit(SampleRequest(size, length, self.iteration),
                              self.config.request_timeout_s)
 
     async def train_on_policy(self) -> None:

@@ -102,6 +102,7 @@ class ReplayStore:
                                    config.min_size_to_sample)
         self.pending: collections.deque = collections.deque()  # sample requests that wait
         self.rejected_priorities = 0
+        self.priority_updates = 0  # messages applied (rows of overwritten steps are ignored)
 
     @property
     def storage_dir(self) -> str | None:
@@ -173,6 +174,7 @@ class ReplayStore:
     def update_priorities(self, msg) -> None:
         if self.buffer is None or not self.config.prioritized_sampling:
             return
+        self.priority_updates += 1
         applied = self.buffer.update_priority(
             torch.as_tensor(np.asarray(msg.env_ids)), torch.as_tensor(np.asarray(msg.positions)),
             torch.as_tensor(np.asarray(msg.priorities), dtype=torch.float32))
@@ -277,4 +279,5 @@ async def run(config: Config, bus, ready) -> dict:
     finally:
         for task in [main, *helpers]:
             task.cancel()
-    return {"inserted": store.limiter.inserted, "sampled": store.limiter.sampled}
+    return {"inserted": store.limiter.inserted, "sampled": store.limiter.sampled,
+            "priority_updates": store.priority_updates}

@@ -138,3 +138,52 @@ def test_a_raising_environment_is_recreated_and_nothing_is_lost(tmp_path):
     assert runner["steps"] > 100  # it kept going after the crash
     # Every step the unroller produced reached the replay store (drained at stop).
     assert summaries["replay_store.0"]["inserted"] == summaries["unroller.0"]["env_steps"]
+
+
+SPLIT_BATCH_GRAPH = """
+name: split_batches
+topics:
+  experience: {delivery: reliable, hwm: 64}
+  params: {delivery: latest, hwm: 4}
+  priorities: {delivery: reliable, hwm: 64}
+nodes:
+  env_runner:
+    kind: env_runner
+    config: {env_id: CartPole-v1, num_envs: 4}
+    calls: [policy]
+  unroller:
+    kind: unroller
+    config: {env_id: CartPole-v1, algorithm: {name: dqn, fc_layer_params: [16]}}
+    serves: [policy]
+    subscribes: [params]
+    publishes: [experience]
+  replay_store:
+    kind: replay_store
+    config: {num_environments: 4, max_length: 1000, min_size_to_sample: 200,
+             prioritized_sampling: true, samples_per_insert: 4, spi_tolerance: 256}
+    subscribes: [experience, priorities]
+    serves: [sample]
+  learner:
+    kind: learner
+    config: {env_id: CartPole-v1, algorithm: {name: dqn, fc_layer_params: [16]},
+             num_env_steps: 800, mini_batch_size: 8, prioritized: true,
+             batches_per_request: 3, prefetch: 2}
+    calls: [sample]
+    publishes: [params, priorities]
+run:
+  stop_when: [learner]
+  duration_s: 120
+"""
+
+
+@pytest.mark.timeout(120)
+def test_learner_trains_on_every_mini_batch_of_a_split_request(tmp_path):
+    graph = graphlib.parse(SPLIT_BATCH_GRAPH, "split.yaml")
+    summaries = asyncio.run(asyncio.wait_for(run_graph(graph, str(tmp_path)), 90))
+    updates = summaries["learner.0"]["iteration"]
+    sampled = summaries["replay_store.0"]["sampled"]
+    # Requests of 24 rows, each trained on as three updates of 8.
+    assert updates > 0 and updates % 3 == 0 and sampled % 24 == 0, (sampled, updates)
+    # Every sampled row was trained on, but for the requests still in flight at the end.
+    assert 0 <= sampled - 8 * updates <= 2 * 24, (sampled, updates)
+    assert summaries["replay_store.0"]["priority_updates"] == updates
