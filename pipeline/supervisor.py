@@ -167,12 +167,16 @@ class Watcher:
             self._set_current(inc)
             self.state = "starting"
             self.sup.publish_event(self, "restarted", f"attempt {self.restarts}")
-        self.done.set()
+        self._set_done()
 
     def _set_current(self, inc: Incarnation) -> None:
         self.current = inc
         self.relaunched.set()
         self.relaunched = asyncio.Event()
+
+    def _set_done(self) -> None:
+        self.done.set()
+        self.relaunched.set()  # no next incarnation will come: wake whoever waits for one
 
     async def stop(self, reason: str) -> None:
         """Graceful stop of the current incarnation; SIGKILL after the grace period."""
@@ -183,7 +187,7 @@ class Watcher:
             self.task.cancel()
         if self.state not in ("finished", "failed", "crash-loop"):
             self.state = "stopped"
-        self.done.set()
+        self._set_done()
 
 
 class Supervisor:
