@@ -459,8 +459,20 @@ def _check_descriptor(descriptor: bytes) -> _Spec:
     return _Spec(dtype, shape, count, count * dtype.itemsize, flags)
 
 
+_TENSOR_COPY_MAX = 64 << 10
+
+
 def _as_tensor(arr: np.ndarray, bf16: int):
+    """A received array as a torch tensor. torch has no read-only tensors: a small one is
+    copied out of the read-only frame, a large one shares it (zero-copy; do not write to it)."""
     import torch  # only processes that receive tensors pay for importing torch
 
-    tensor = torch.from_numpy(arr)
+    if arr.flags.writeable:
+        tensor = torch.from_numpy(arr)
+    elif arr.nbytes < _TENSOR_COPY_MAX:
+        tensor = torch.from_numpy(arr.copy())
+    else:
+        with warnings.catch_warnings():  # torch's "not writable" warning: known and documented
+            warnings.simplefilter("ignore", UserWarning)
+            tensor = torch.from_numpy(arr)
     return tensor.view(torch.bfloat16) if bf16 else tensor
