@@ -7,6 +7,7 @@ lengths + count u32 array-frame counts + the envelopes, *array frames]`` (see pi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
 
 import numpy as np
@@ -44,6 +45,23 @@ def _parse_batch(head: bytes) -> tuple[int, int, list, list]:
 
 def _record(origin: int, data=None) -> list:
     return codec.encode(Record(origin, data), "source.0~0", origin)
+
+
+@contextlib.asynccontextmanager
+async def _publisher_and_member(tmp_path, topics=TOPICS):
+    """A real reliable publisher of ``numbers`` for group ``sink`` and a raw DEALER socket that
+    plays a member of that group; yields ``(context, publisher, raw)`` and closes all of it."""
+    ctx = zmq.asyncio.Context()
+    pub_bus = Bus("source.0~0", "source", topics, {"numbers": f"ipc://{tmp_path}/numbers"},
+                  {"numbers": ["sink"]}, sockets=SocketFactory(ctx))
+    raw = ctx.socket(zmq.DEALER)
+    raw.linger = 0
+    try:
+        yield ctx, pub_bus.publisher("numbers"), raw
+    finally:
+        pub_bus.close()
+        raw.close(linger=0)
+        ctx.term()
 
 
 async def _bad_batches(tmp_path) -> None:
@@ -112,53 +130,44 @@ def test_badly_formed_batches_are_counted_and_the_subscriber_keeps_working(tmp_p
 
 
 async def _batch_in_order(tmp_path) -> None:
-    ctx = zmq.asyncio.Context()
-    endpoint = f"ipc://{tmp_path}/numbers"
     topics = {"numbers": TopicSpec("reliable", 1000)}
-    pub_bus = Bus("source.0~0", "source", topics, {"numbers": endpoint}, {"numbers": ["sink"]},
-                  sockets=SocketFactory(ctx))
-    sub_bus = Bus("sink.1~0", "sink", topics, {}, {}, sockets=SocketFactory(ctx))
-    raw = ctx.socket(zmq.DEALER)  # plays a member of group sink
-    raw.linger = 0
-    try:
-        pub = pub_bus.publisher("numbers")
-        big = np.arange(codec.INLINE_MAX)
-        count = 300  # more than one batch, queued before anyone joins
-        for i in range(1, count + 1):
-            await pub.send(Record(i, big if i % 7 == 0 else np.full(3, i)))
+    async with _publisher_and_member(tmp_path, topics) as (ctx, pub, raw):
+        sub_bus = Bus("sink.1~0", "sink", topics, {}, {}, sockets=SocketFactory(ctx))
+        try:
+            big = np.arange(codec.INLINE_MAX)
+            count = 300  # more than one batch, queued before anyone joins
+            for i in range(1, count + 1):
+                await pub.send(Record(i, big if i % 7 == 0 else np.full(3, i)))
 
-        raw.connect(pub.endpoint)
-        await raw.send_multipart(codec.encode(Join("numbers", "sink", "sink.0~0", 40, 1 << 30)))
-        routing_frames = await asyncio.wait_for(raw.recv_multipart(copy=False), 5)
-        head, arrays = routing_frames[0].bytes, routing_frames[1:]
-        assert head[:1] == b"B"  # 40 credits, 300 waiting: one delivery of 40 messages
-        first, n, lengths, buffer_counts = _parse_batch(head)
-        assert (first, n) == (1, 40) and len(arrays) == sum(buffer_counts) == 40 // 7
-        assert sum(lengths) == len(head) - BATCH_HEAD.size - 8 * n
+            raw.connect(pub.endpoint)
+            await raw.send_multipart(codec.encode(Join("numbers", "sink", "sink.0~0", 40, 1 << 30)))
+            routing_frames = await asyncio.wait_for(raw.recv_multipart(copy=False), 5)
+            head, arrays = routing_frames[0].bytes, routing_frames[1:]
+            assert head[:1] == b"B"  # 40 credits, 300 waiting: one delivery of 40 messages
+            first, n, lengths, buffer_counts = _parse_batch(head)
+            assert (first, n) == (1, 40) and len(arrays) == sum(buffer_counts) == 40 // 7
+            assert sum(lengths) == len(head) - BATCH_HEAD.size - 8 * n
 
-        # The member vanishes with the batch unacknowledged: every message goes back, in order.
-        pub.drop_instances({"sink.0~0"})
-        assert pub.stats.redelivered == 40
+            # The member vanishes with the batch unacknowledged: every message goes back, in order.
+            pub.drop_instances({"sink.0~0"})
+            assert pub.stats.redelivered == 40
 
-        sub_bus.set_peers({"numbers": [pub.endpoint]}, {})
-        sub = sub_bus.subscriber("numbers")
-        for i in range(1, count + 1):
+            sub_bus.set_peers({"numbers": [pub.endpoint]}, {})
+            sub = sub_bus.subscriber("numbers")
+            for i in range(1, count + 1):
+                envelope = await asyncio.wait_for(sub.recv(), 5)
+                assert envelope.message.origin == i
+                expected = big if i % 7 == 0 else np.full(3, i)
+                np.testing.assert_array_equal(envelope.message.data, expected)
+            assert sub.stats.gaps == 0 and sub.stats.malformed == 0
+
+            # An idle topic: a single message goes out at once, as a plain delivery.
+            leftover = sub.connections[pub.endpoint]
+            await pub.send(Record(count + 1, None))
             envelope = await asyncio.wait_for(sub.recv(), 5)
-            assert envelope.message.origin == i
-            expected = big if i % 7 == 0 else np.full(3, i)
-            np.testing.assert_array_equal(envelope.message.data, expected)
-        assert sub.stats.gaps == 0 and sub.stats.malformed == 0
-
-        # An idle topic: a single message goes out at once, as a plain delivery.
-        leftover = sub.connections[pub.endpoint]
-        await pub.send(Record(count + 1, None))
-        envelope = await asyncio.wait_for(sub.recv(), 5)
-        assert envelope.message.origin == count + 1 and leftover.expected == count + 2
-    finally:
-        pub_bus.close()
-        sub_bus.close()
-        raw.close(linger=0)
-        ctx.term()
+            assert envelope.message.origin == count + 1 and leftover.expected == count + 2
+        finally:
+            sub_bus.close()
 
 
 @pytest.mark.timeout(60)
@@ -167,14 +176,7 @@ def test_a_batch_arrives_in_order_without_gaps_and_is_redelivered_whole(tmp_path
 
 
 async def _single_when_idle(tmp_path) -> None:
-    ctx = zmq.asyncio.Context()
-    endpoint = f"ipc://{tmp_path}/numbers"
-    pub_bus = Bus("source.0~0", "source", TOPICS, {"numbers": endpoint}, {"numbers": ["sink"]},
-                  sockets=SocketFactory(ctx))
-    raw = ctx.socket(zmq.DEALER)
-    raw.linger = 0
-    try:
-        pub = pub_bus.publisher("numbers")
+    async with _publisher_and_member(tmp_path) as (_, pub, raw):
         raw.connect(pub.endpoint)
         await raw.send_multipart(codec.encode(Join("numbers", "sink", "sink.0~0", 10, 1 << 30)))
         # No timer, no waiting for company: one message is one plain delivery, sent as soon as
@@ -183,10 +185,6 @@ async def _single_when_idle(tmp_path) -> None:
         frames = await asyncio.wait_for(raw.recv_multipart(), 5)
         assert frames[0][:1] == b"D" and struct.unpack_from("<Q", frames[0], 1)[0] == 1
         assert codec.decode(frames, 9).message.origin == 1
-    finally:
-        pub_bus.close()
-        raw.close(linger=0)
-        ctx.term()
 
 
 @pytest.mark.timeout(60)
@@ -195,14 +193,7 @@ def test_a_single_message_on_an_idle_topic_goes_out_at_once(tmp_path):
 
 
 async def _byte_window(tmp_path) -> None:
-    ctx = zmq.asyncio.Context()
-    endpoint = f"ipc://{tmp_path}/numbers"
-    pub_bus = Bus("source.0~0", "source", TOPICS, {"numbers": endpoint}, {"numbers": ["sink"]},
-                  sockets=SocketFactory(ctx))
-    raw = ctx.socket(zmq.DEALER)  # plays a member of group sink
-    raw.linger = 0
-    try:
-        pub = pub_bus.publisher("numbers")
+    async with _publisher_and_member(tmp_path) as (_, pub, raw):
         size = len(_record(1, np.zeros(1000, np.uint8))[0])  # every message has this many bytes
         for i in range(1, 11):
             await pub.send(Record(i, np.zeros(1000, np.uint8)))
@@ -229,10 +220,6 @@ async def _byte_window(tmp_path) -> None:
         head = (await asyncio.wait_for(raw.recv_multipart(), 5))[0]
         assert head[:1] == b"D" and struct.unpack_from("<Q", head, 1)[0] == 11
         assert pub.pending() == 1
-    finally:
-        pub_bus.close()
-        raw.close(linger=0)
-        ctx.term()
 
 
 @pytest.mark.timeout(60)
