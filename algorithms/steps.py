@@ -48,10 +48,12 @@ class TimeStep(NamedTuple):
 
 
 
-def make_vector_env(env_id: str, num_envs: int, seed: int | None = None) -> gym.vector.VectorEnv:
+def make_vector_env(env_id: str, num_envs: int, seed: int | None = None,
+                    env_kwargs: dict | None = None) -> gym.vector.VectorEnv:
     """Synchronous vector env with ``NEXT_STEP`` autoreset (the pipeline's convention)."""
     env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
-                       vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP})
+                       vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP},
+                       **(env_kwargs or {}))
     env.action_space.seed(seed)
     return env
 

@@ -5,7 +5,10 @@ Written once here so that every node builds the same algorithm from the same gra
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import logging
+import os
+from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -13,6 +16,9 @@ import torch
 
 import algorithms
 from nodes._algorithm_config import AlgorithmConfig  # noqa: F401  (nodes import it from here)
+from nodes.messages import StateReply
+
+log = logging.getLogger(__name__)
 
 
 def env_spaces(env_id: str, env_kwargs: dict | None = None) -> tuple[gym.Space, gym.Space]:
@@ -93,3 +99,67 @@ def to_torch(tree: dict) -> dict:
 def strip_empty(d: dict) -> dict:
     """Drop fields an algorithm left empty (``()``), which have no array to send."""
     return {k: v for k, v in d.items() if not (isinstance(v, tuple) and v == ())}
+
+
+def as_torch(tree: Any) -> Any:
+    """Wire arrays (read-only numpy views) become writable tensors, at any depth: a state that
+    came over the wire then loads like one read with ``torch.load``."""
+    if isinstance(tree, np.ndarray):
+        return torch.from_numpy(np.array(tree))
+    if isinstance(tree, torch.Tensor):
+        return tree.clone()
+    if isinstance(tree, dict):
+        return {k: as_torch(v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(as_torch(v) for v in tree)
+    return tree
+
+
+class Stateful(Protocol):
+    """A node's part that checkpoints: ``state()`` is what ``restore(state)`` takes back."""
+
+    env_steps: int
+
+    def state(self) -> dict: ...
+
+    def restore(self, state: dict) -> None: ...
+
+
+def restore_from_checkpoint(node: Stateful, component: str, checkpoint: str | None) -> bool:
+    """Load ``<checkpoint>/<component>.pt`` into ``node`` if the checkpoint has it.
+
+    The one place nodes read checkpoints (written by the checkpointer from the ``StateReply``
+    of each node's state service, one file per component)."""
+    if not checkpoint:
+        return False
+    path = os.path.join(checkpoint, f"{component}.pt")
+    if not os.path.exists(path):
+        return False
+    try:
+        state = torch.load(path, weights_only=True)
+    except Exception as exc:  # a truncated file: say which one
+        raise RuntimeError(f"cannot load checkpoint {path}: {type(exc).__name__}: {exc}") \
+            from None
+    node.restore(state)
+    log.info("%s restored from %s (env_steps %d)", component, path, node.env_steps)
+    return True
+
+
+async def serve_state(bus, service: str, component: str, node: Stateful,
+                      prepare=None) -> None:
+    """Answer every ``StateRequest`` on ``service`` with ``node``'s full state.
+
+    ``prepare(reason)``, if given, is awaited before each snapshot: the unroller flushes its
+    output before a final checkpoint, the learner stops training before it hands over."""
+    async for request in bus.server(service):
+        if prepare is not None:
+            await prepare(request.message.reason)
+        await request.reply(StateReply(component, node.env_steps, node.state()))
+
+
+def start_state_server(bus, service: str, component: str, node: Stateful,
+                       prepare=None) -> asyncio.Task | None:
+    """The ``serve_state`` task, or None when the graph has this node not serve ``service``."""
+    if not bus.publishes(service):
+        return None
+    return asyncio.ensure_future(serve_state(bus, service, component, node, prepare))

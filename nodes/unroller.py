@@ -11,7 +11,8 @@ runner's actions, and publishes what was collected:
   waits for a newer one.
 
 It waits for the learner's first parameters before acting, so every process starts from the
-same network.
+same network. Parameters are taken when newer by ``(epoch, version)``: a restarted learner,
+whose version restarted from a checkpoint, is followed at once (:class:`~nodes.messages.Params`).
 """
 
 from __future__ import annotations
@@ -24,8 +25,16 @@ import numpy as np
 import torch
 
 from algorithms.data import TimeStep
-from nodes._common import AlgorithmConfig, RandomPolicy, make_algorithm, strip_empty, to_numpy
-from nodes.messages import FINAL_CHECKPOINT, ActionBatch, ExperienceBatch, StateReply, Trajectory
+from nodes._common import (
+    AlgorithmConfig,
+    RandomPolicy,
+    make_algorithm,
+    restore_from_checkpoint,
+    start_state_server,
+    strip_empty,
+    to_numpy,
+)
+from nodes.messages import FINAL_CHECKPOINT, ActionBatch, ExperienceBatch, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +63,7 @@ class Unroller:
         self.on_policy = self.alg.on_policy
         self.output = bus.publisher("trajectories" if self.on_policy else "experience")
         self.version = -1
+        self.epoch = -1  # of the learner whose parameters we act with
         self.env_steps = 0
         self.unrolls_at_version = 0
         self.rows: dict[str, list[dict]] = {}  # on-policy rows per runner
@@ -61,15 +71,16 @@ class Unroller:
 
     def load_params(self, envelope) -> None:
         msg = envelope.message
-        if msg.version > self.version:
+        if msg.newer_than(self.epoch, self.version):
             self.alg.load_policy_state_dict(msg.params)
-            self.version = msg.version
+            self.epoch, self.version = msg.epoch, msg.version
             self.unrolls_at_version = 0
-            self.bus.status["version"] = self.version
+            self.bus.status.update(version=self.version, epoch=self.epoch)
 
-    async def wait_for_params(self, newer_than: int) -> None:
-        """Wait for a version newer than ``newer_than``; raise Stopping if the run ends."""
-        while self.version <= newer_than:
+    async def wait_for_params(self) -> None:
+        """Wait for parameters newer than those we have; raise Stopping if the run ends."""
+        have = (self.epoch, self.version)
+        while (self.epoch, self.version) <= have:
             recv = asyncio.ensure_future(self.params.recv())
             stop = asyncio.ensure_future(self.bus.stopping.wait())
             done, _ = await asyncio.wait({recv, stop}, timeout=self.config.params_timeout_s,
@@ -79,7 +90,7 @@ class Unroller:
                 recv.cancel()
                 if self.bus.stopping.is_set():
                     raise Stopping
-                raise TimeoutError(f"no parameters newer than version {newer_than} within "
+                raise TimeoutError(f"no parameters newer than version {have[1]} within "
                                    f"{self.config.params_timeout_s:.0f}s")
             self.load_params(recv.result())
 
@@ -92,7 +103,7 @@ class Unroller:
 
     async def act(self, requests: list) -> None:
         if self.on_policy and self.unrolls_at_version >= self.config.max_unrolls_per_version:
-            await self.wait_for_params(self.version)
+            await self.wait_for_params()
         self.refresh_params()
         steps = [r.message for r in requests]
         sizes = [len(s.time_step["step_type"]) for s in steps]
@@ -135,26 +146,23 @@ class Unroller:
 
 async def run(config: Config, bus, ready) -> dict:
     unroller = Unroller(config, bus)
-    if bus.context.resume:
-        _restore(unroller, bus.context.resume)
+    restore_from_checkpoint(unroller, "unroller", bus.context.resume)
     server = bus.server("policy")
-    state_server = bus.server("unroller_state") if bus.publishes("unroller_state") else None
     try:
         if not isinstance(unroller.alg, RandomPolicy):
-            await unroller.wait_for_params(-1)
+            await unroller.wait_for_params()
     except Stopping:
         return {"env_steps": unroller.env_steps, "version": unroller.version}
     ready()
 
-    async def serve_state():
-        async for request in state_server:
-            if request.message.reason == FINAL_CHECKPOINT:
-                # The last checkpoint must hold every step we produced: wait until the
-                # consumers acknowledged all of it before reporting our counters.
-                await unroller.output.flush(config.params_timeout_s)
-            await request.reply(StateReply("unroller", unroller.env_steps, unroller.state()))
+    async def flush_if_final(reason: str) -> None:
+        if reason == FINAL_CHECKPOINT:
+            # The last checkpoint must hold every step we produced: wait until the
+            # consumers acknowledged all of it before reporting our counters.
+            await unroller.output.flush(config.params_timeout_s)
 
-    tasks = [asyncio.ensure_future(serve_state())] if state_server else []
+    state_task = start_state_server(bus, "unroller_state", "unroller", unroller, flush_if_final)
+    tasks = [state_task] if state_task else []
     try:
         stop = asyncio.ensure_future(bus.stopping.wait())
         while True:
@@ -192,11 +200,3 @@ def _batched_time_step(steps: list) -> TimeStep:
     return ts._replace(env_id=np.concatenate(
         [np.asarray(s.time_step["env_id"]) + s.env_offset for s in steps]))
 
-
-def _restore(unroller: Unroller, checkpoint: str) -> None:
-    import os
-
-    path = os.path.join(checkpoint, "unroller.pt")
-    if os.path.exists(path):
-        unroller.restore(torch.load(path, weights_only=True))
-        log.info("unroller restored from %s (env_steps %d)", path, unroller.env_steps)
