@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 
+import nodes  # noqa: F401 - registers the built-in node kinds with pipeline.kinds
 from pipeline.cli import main
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ class Config:
     input: str = field(default="doubled", metadata={"doc": "topic to consume"})
 
 
-async def run(config: Config, bus, ready) -> dict:
+async def run(config: Config, node, ready) -> dict:
+    bus = node.bus
     sub = bus.subscriber(config.input)
     ready()
     seen = np.zeros(config.expected + 1, dtype=np.int32)
@@ -38,7 +39,7 @@ async def run(config: Config, bus, ready) -> dict:
         by_instance[data["by"]] = by_instance.get(data["by"], 0) + 1
         by_scale[str(data["scale"])] = by_scale.get(str(data["scale"]), 0) + 1
         received += 1
-        bus.status["received"] = received
+        node.status["received"] = received
         if config.expected and received >= config.expected and np.all(seen[1:] >= 1):
             break
     stats = sub.stats
@@ -54,7 +55,7 @@ async def run(config: Config, bus, ready) -> dict:
         "by_instance": by_instance,
         "by_scale": by_scale,
     }
-    path = os.path.join(bus.context.run_dir, "sink_result.json")
+    path = os.path.join(node.info.run_dir, "sink_result.json")
     with open(path + ".tmp", "w") as f:
         json.dump(verdict, f)
     os.replace(path + ".tmp", path)

@@ -14,7 +14,8 @@ class Config:
     output: str = field(default="doubled", metadata={"doc": "topic to publish on"})
 
 
-async def run(config: Config, bus, ready) -> dict:
+async def run(config: Config, node, ready) -> dict:
+    bus = node.bus
     sub = bus.subscriber(config.input)
     pub = bus.publisher(config.output)
     ready()
@@ -23,8 +24,8 @@ async def run(config: Config, bus, ready) -> dict:
         record = envelope.message
         values = record.data * config.scale
         await pub.send(Record(origin=record.origin,
-                              data={"values": values, "by": bus.context.instance,
+                              data={"values": values, "by": node.info.instance,
                                     "scale": config.scale}))
         handled += 1
-        bus.status["handled"] = handled
+        node.status["handled"] = handled
     return {"handled": handled}

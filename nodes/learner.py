@@ -54,11 +54,12 @@ class Config(AlgorithmConfig):
 
 
 class Learner:
-    def __init__(self, config: Config, bus):
+    def __init__(self, config: Config, node):
+        bus = node.bus
         torch.manual_seed(config.seed)
         torch.set_num_threads(config.num_threads)
-        self.config, self.bus = config, bus
-        self.alg = make_algorithm(config.env_id, config.algorithm, bus.context.device,
+        self.config, self.node, self.bus = config, node, bus
+        self.alg = make_algorithm(config.env_id, config.algorithm, node.info.device,
                                   config.env_kwargs)
         self.params = bus.publisher("params")
         self.metrics = bus.publisher("metrics") if bus.publishes("metrics") else None
@@ -75,12 +76,12 @@ class Learner:
     async def publish_params(self) -> None:
         await self.params.send(Params(self.version, self.env_steps,
                                       self.alg.policy_state_dict()))
-        self.bus.status["version"] = self.version
+        self.node.status["version"] = self.version
 
     async def after_update(self, metrics: dict) -> None:
         self.iteration += 1
         self.last_metrics = metrics
-        self.bus.status.update(iteration=self.iteration, env_steps=self.env_steps)
+        self.node.status.update(iteration=self.iteration, env_steps=self.env_steps)
         if self.iteration % self.config.publish_params_every == 0:
             self.version += 1
             await self.publish_params()
@@ -94,7 +95,7 @@ class Learner:
                       "learner/train_ms_per_update": 1e3 * self._train_s / max(updates, 1),
                       "learner/wait_share": self._wait_s / period}
             self._train_s = self._wait_s = 0.0
-            await self.metrics.send(Metrics(self.bus.context.instance, self.env_steps, {
+            await self.metrics.send(Metrics(self.node.info.instance, self.env_steps, {
                 **metrics, **timing, "learner/iteration": self.iteration,
                 "learner/version": self.version}))
 
@@ -114,22 +115,23 @@ class Learner:
         priorities = self.bus.publisher("priorities") if config.prioritized else None
         length = config.mini_batch_length or getattr(self.alg, "mini_batch_length", 2)
         pending: collections.deque = collections.deque()  # sample requests in flight, FIFO
-        while not self.bus.stopping.is_set() and self.env_steps < config.num_env_steps:
+        while not self.node.stopping.is_set() and self.env_steps < config.num_env_steps:
             while len(pending) < config.prefetch:  # the next batches come while we train
                 pending.append(await self._submit(client, length))
             waited = time.perf_counter()
-            if not pending[0].done():
-                stop = asyncio.ensure_future(self.bus.stopping.wait())
-                await asyncio.wait({pending[0], stop}, return_when=asyncio.FIRST_COMPLETED)
-                stop.cancel()
-            self._wait_s += time.perf_counter() - waited
-            if not pending[0].done():  # stopping; the rate limiter may hold this one forever
-                break
             try:
-                reply = pending.popleft().result().message
+                # Kept on stop: cancelled below with the other requests in flight.
+                envelope = await self.node.wait_or_stop(pending[0], cancel=False)
             except TimeoutError as exc:  # replay store restarting: ask again
+                pending.popleft()
                 log.warning("%s; asking again", exc)
                 continue
+            finally:
+                self._wait_s += time.perf_counter() - waited
+            if envelope is None:  # stopping; the rate limiter may hold this one forever
+                break
+            pending.popleft()
+            reply = envelope.message
             self.env_steps = max(self.env_steps, reply.env_steps)
             batch = to_torch(reply.experience)
             size = config.mini_batch_size
@@ -171,10 +173,11 @@ class Learner:
                 return
 
 
-async def run(config: Config, bus, ready) -> dict:
-    learner = Learner(config, bus)
-    if bus.context.resume:
-        path = os.path.join(bus.context.resume, "learner.pt")
+async def run(config: Config, node, ready) -> dict:
+    bus = node.bus
+    learner = Learner(config, node)
+    if node.info.resume:
+        path = os.path.join(node.info.resume, "learner.pt")
         if os.path.exists(path):
             learner.restore(torch.load(path, weights_only=True))
             log.info("learner restored from %s: version %d, env_steps %d", path,

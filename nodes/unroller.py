@@ -44,11 +44,12 @@ class Stopping(Exception):
 
 
 class Unroller:
-    def __init__(self, config: Config, bus):
+    def __init__(self, config: Config, node):
+        bus = node.bus
         torch.manual_seed(config.seed)
         torch.set_num_threads(1)
-        self.config, self.bus = config, bus
-        self.alg = make_algorithm(config.env_id, config.algorithm, bus.context.device,
+        self.config, self.node, self.bus = config, node, bus
+        self.alg = make_algorithm(config.env_id, config.algorithm, node.info.device,
                                   config.env_kwargs)
         self.params = bus.subscriber("params") if bus.subscribes("params") else None
         self.on_policy = self.alg.on_policy
@@ -65,23 +66,20 @@ class Unroller:
             self.alg.load_policy_state_dict(msg.params)
             self.version = msg.version
             self.unrolls_at_version = 0
-            self.bus.status["version"] = self.version
+            self.node.status["version"] = self.version
 
     async def wait_for_params(self, newer_than: int) -> None:
         """Wait for a version newer than ``newer_than``; raise Stopping if the run ends."""
         while self.version <= newer_than:
-            recv = asyncio.ensure_future(self.params.recv())
-            stop = asyncio.ensure_future(self.bus.stopping.wait())
-            done, _ = await asyncio.wait({recv, stop}, timeout=self.config.params_timeout_s,
-                                         return_when=asyncio.FIRST_COMPLETED)
-            stop.cancel()
-            if recv not in done:
-                recv.cancel()
-                if self.bus.stopping.is_set():
-                    raise Stopping
+            try:
+                envelope = await self.node.wait_or_stop(self.params.recv(),
+                                                        timeout=self.config.params_timeout_s)
+            except TimeoutError:
                 raise TimeoutError(f"no parameters newer than version {newer_than} within "
-                                   f"{self.config.params_timeout_s:.0f}s")
-            self.load_params(recv.result())
+                                   f"{self.config.params_timeout_s:.0f}s") from None
+            if envelope is None:
+                raise Stopping
+            self.load_params(envelope)
 
     def refresh_params(self) -> None:
         if self.params is None:
@@ -102,7 +100,7 @@ class Unroller:
         action = to_numpy(alg_step.output)
         info = to_numpy(dict(alg_step.info or {}))
         self.env_steps += int(sum(sizes))
-        self.bus.status["env_steps"] = self.env_steps
+        self.node.status["env_steps"] = self.env_steps
         bounds = np.cumsum([0, *sizes])
         for i, request in enumerate(requests):
             lo, hi = bounds[i], bounds[i + 1]
@@ -133,10 +131,11 @@ class Unroller:
         self.env_steps = int(state["env_steps"])
 
 
-async def run(config: Config, bus, ready) -> dict:
-    unroller = Unroller(config, bus)
-    if bus.context.resume:
-        _restore(unroller, bus.context.resume)
+async def run(config: Config, node, ready) -> dict:
+    bus = node.bus
+    unroller = Unroller(config, node)
+    if node.info.resume:
+        _restore(unroller, node.info.resume)
     server = bus.server("policy")
     state_server = bus.server("unroller_state") if bus.publishes("unroller_state") else None
     try:
@@ -156,17 +155,13 @@ async def run(config: Config, bus, ready) -> dict:
 
     tasks = [asyncio.ensure_future(serve_state())] if state_server else []
     try:
-        stop = asyncio.ensure_future(bus.stopping.wait())
         while True:
             first = server.recv_nowait()
             if first is None:  # nothing waiting: sleep until a request comes or the run stops
-                nxt = asyncio.ensure_future(server.recv())
-                done, _ = await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
-                if nxt not in done:
-                    nxt.cancel()
+                first = await node.wait_or_stop(server.recv())
+                if first is None:
                     break
-                first = nxt.result()
-            elif stop.done():
+            elif node.stopping.is_set():
                 break
             requests = [first]
             while len(requests) < config.max_batch_requests and \

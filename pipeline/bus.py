@@ -1038,10 +1038,6 @@ class Bus:
         self.servers: dict[str, ServiceServer] = {}
         self.clients: dict[str, ServiceClient] = {}
         self._peers: dict = {"topics": {}, "services": {}}
-        # Set by the node runtime: where the node runs, when it should stop, what it reports.
-        self.context = None
-        self.stopping = asyncio.Event()
-        self.status: dict = {}
 
     # factories used by node code ---------------------------------------------------------------
 

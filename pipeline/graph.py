@@ -4,21 +4,20 @@ Every mistake becomes one :class:`GraphError` line naming file, line and key, e.
 
     graphs/bad.yaml:12: nodes.sink.kind: unknown node kind 'snk' (known: demo_sink, ...)
 
-Node kinds are modules in ``nodes/`` that define ``async def run(config, bus, ready)`` and
-usually a ``Config`` dataclass; a kind may also be ``package.module:function`` for user code.
+Node kinds are registered with :mod:`pipeline.kinds` (the ``nodes`` package registers its modules);
+a kind may also be ``package.module:function`` for user code.
 """
 
 from __future__ import annotations
 
 import copy
-import importlib
-import pkgutil
 import re
 from dataclasses import dataclass, field
 
 import yaml
 
 from pipeline import config as configlib
+from pipeline import kinds
 from pipeline.bus import DELIVERY_CLASSES, RELIABLE
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
@@ -321,7 +320,7 @@ def _validate_node(name: str, spec, topics: dict, lines: _Lines) -> NodeSpec:
     _check_keys(spec, NODE_KEYS, path, lines)
     kind = spec.get("kind")
     if not isinstance(kind, str) or not kind:
-        raise lines.error((*path, "kind"), "required: the node kind (a module in nodes/ or "
+        raise lines.error((*path, "kind"), "required: the node kind (a registered kind or "
                           "package.module:function)")
     module, config_cls = resolve_kind(kind, lines, (*path, "kind"))
     replicas = _typed(spec.get("replicas", 1), int, (*path, "replicas"), lines, minimum=1)
@@ -396,37 +395,19 @@ def _validate_run(spec: dict, nodes: dict, lines: _Lines) -> RunSpec:
 
 
 def known_kinds() -> list[str]:
-    import nodes
-
-    return sorted(m.name for m in pkgutil.iter_modules(nodes.__path__)
-                  if not m.name.startswith("_") and m.name != "messages")
+    return kinds.known()
 
 
 def resolve_kind(kind: str, lines: _Lines | None = None, path=("kind",)):
     """Import a node kind; return ``(run function, Config class or None)``."""
+    resolved = _resolve(kind, lines, path)
+    return resolved.run, resolved.config_cls
 
-    def fail(message):
+
+def _resolve(kind: str, lines: _Lines | None, path) -> kinds.Kind:
+    try:
+        return kinds.resolve(kind)
+    except kinds.UnknownKind as exc:
         if lines is None:
-            raise GraphError("<graph>", None, ".".join(path), message)
-        raise lines.error(path, message)
-
-    if ":" in kind:
-        module_name, _, func_name = kind.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as exc:  # user code: a SyntaxError or a raise at import is a mistake too
-            reason = " ".join(str(exc).split())
-            if not isinstance(exc, ImportError):
-                reason = f"{type(exc).__name__}: {reason}"
-            fail(f"cannot import {module_name!r}: {reason}")
-        run = getattr(module, func_name, None)
-        if run is None or not callable(run):
-            fail(f"{module_name!r} has no function {func_name!r}")
-        return run, getattr(run, "Config", None)
-    if not NAME_RE.match(kind) or kind not in known_kinds():
-        fail(f"unknown node kind {kind!r} (known: {', '.join(known_kinds())})")
-    module = importlib.import_module(f"nodes.{kind}")
-    run = getattr(module, "run", None)
-    if run is None:
-        fail(f"nodes/{kind}.py has no run(config, bus, ready) function")
-    return run, getattr(module, "Config", None)
+            raise GraphError("<graph>", None, ".".join(path), str(exc)) from None
+        raise lines.error(path, str(exc)) from None
