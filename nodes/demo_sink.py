@@ -12,11 +12,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.messages import Record
+from pipeline.ports import Port, Ports
+
 
 @dataclass(frozen=True)
 class Config:
-    expected: int = field(default=100_000, metadata={"doc": "records to wait for; 0 = forever"})
+    expected: int = field(default=100_000, metadata={"doc": "records to wait for; 0 = forever",
+                                                     "minimum": 0})
     input: str = field(default="doubled", metadata={"doc": "topic to consume"})
+
+
+def ports(config: Config) -> Ports:
+    return Ports(subscribes={config.input: Port(Record)})
+
+
+PORTS = ports
 
 
 async def run(config: Config, node, ready) -> dict:

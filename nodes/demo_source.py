@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.messages import Record
+from pipeline.ports import Port, Ports
 
 
 @dataclass(frozen=True)
@@ -15,6 +16,14 @@ class Config:
                                                   "minimum": 0})
     size: int = field(default=16, metadata={"doc": "int64 elements per record", "minimum": 1})
     output: str = field(default="numbers", metadata={"doc": "topic to publish on"})
+
+
+def ports(config: Config) -> Ports:
+    """The output topic's name is configurable, so the ports are a function of the config."""
+    return Ports(publishes={config.output: Port(Record)})
+
+
+PORTS = ports
 
 
 async def run(config: Config, node, ready) -> dict:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipeline.config import ConfigError
 from pipeline.messages import Record
+from pipeline.ports import Port, Ports
 
 
 @dataclass(frozen=True)
@@ -12,6 +14,20 @@ class Config:
     scale: int = field(default=2, metadata={"doc": "factor applied to every value"})
     input: str = field(default="numbers", metadata={"doc": "topic to consume"})
     output: str = field(default="doubled", metadata={"doc": "topic to publish on"})
+
+
+def ports(config: Config) -> Ports:
+    return Ports(subscribes={config.input: Port(Record)},
+                 publishes={config.output: Port(Record)})
+
+
+PORTS = ports
+
+
+def validate(config: Config) -> None:
+    """Checked at graph load: a node cannot feed itself."""
+    if config.output == config.input:
+        raise ConfigError("output", f"must differ from input ({config.input!r})")
 
 
 async def run(config: Config, node, ready) -> dict:

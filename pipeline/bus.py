@@ -45,6 +45,7 @@ import zmq.asyncio
 from pipeline import codec
 from pipeline.channel import Channel
 from pipeline.messages import Credit, Join, Leave, LeaveAck
+from pipeline.ports import PortNotListed
 from pipeline.sockets import SocketFactory, bind, recv_now, send_now
 
 log = logging.getLogger(__name__)
@@ -1025,8 +1026,13 @@ class Bus:
 
     def __init__(self, instance: str, group: str, topics: dict[str, TopicSpec],
                  bind_endpoints: dict[str, str], consumer_groups: dict[str, list[str]],
-                 sockets: SocketFactory | None = None, subscriptions: tuple = ()):
+                 sockets: SocketFactory | None = None, subscriptions: tuple = (),
+                 listed: dict | None = None):
+        """``listed`` (given by the node runtime) maps ``subscribes`` and/or ``calls`` to the
+        names the graph entry lists; asking for any other is a :class:`PortNotListed` at once.
+        Publishing and serving are always limited to ``bind_endpoints``."""
         self.instance, self.group = instance, group
+        self.listed = listed or {}
         self.topics = topics
         self.bind_endpoints = bind_endpoints
         self.consumer_groups = consumer_groups
@@ -1060,6 +1066,7 @@ class Bus:
         ``window`` messages (default: the topic's hwm, at most 256) and ``window_bytes``
         bytes delivered and not yet acknowledged."""
         if topic not in self.subscribers:
+            self._check_listed("subscribes", topic)
             spec = self._spec(topic)
             if spec.delivery == RELIABLE:
                 sub = ReliableSubscriber(self, topic, window or max(1, min(spec.hwm, 256)),
@@ -1078,6 +1085,7 @@ class Bus:
 
     def client(self, service: str) -> ServiceClient:
         if service not in self.clients:
+            self._check_listed("calls", service)
             client = ServiceClient(self, service)
             client.set_endpoints(self._peers["services"].get(service, []))
             self.clients[service] = client
@@ -1106,14 +1114,25 @@ class Bus:
 
     def _spec(self, topic: str) -> TopicSpec:
         if topic not in self.topics:
-            raise KeyError(f"{self.instance}: topic {topic!r} is not declared in the graph")
+            raise PortNotListed(f"node {self.group!r}: topic {topic!r} is not declared under "
+                                f"topics in the graph")
         return self.topics[topic]
 
     def _bind_endpoint(self, name: str) -> str:
         if name not in self.bind_endpoints:
-            raise KeyError(f"{self.instance}: node does not publish or serve {name!r} "
-                           f"in the graph (it declares {sorted(self.bind_endpoints)})")
+            section = "publishes" if name in self.topics else "serves"
+            raise PortNotListed(f"node {self.group!r} {section[:-1]}s {name!r}, but its graph "
+                                f"entry does not list it under {section} (it lists: "
+                                f"{', '.join(sorted(self.bind_endpoints)) or 'nothing'})")
         return self.bind_endpoints[name]
+
+    def _check_listed(self, section: str, name: str) -> None:
+        names = self.listed.get(section)
+        if names is not None and name not in names:
+            verb = "subscribes to" if section == "subscribes" else "calls"
+            raise PortNotListed(f"node {self.group!r} {verb} {name!r}, but its graph entry "
+                                f"does not list it under {section} (it lists: "
+                                f"{', '.join(names) or 'nothing'})")
 
     # wiring ------------------------------------------------------------------------------------
 

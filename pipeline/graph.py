@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from pipeline import config as configlib
-from pipeline import kinds
+from pipeline import kinds, ports
 from pipeline.bus import DELIVERY_CLASSES, RELIABLE
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
@@ -94,6 +94,8 @@ class Graph:
     run: RunSpec
     services: tuple
     raw: dict  # the resolved YAML data, written to the run directory
+    configs: dict = field(default_factory=dict)  # node -> its built config (dataclass or dict)
+    ports: dict = field(default_factory=dict)  # node -> its kind's Ports, or None (undeclared)
 
     def consumer_groups(self, topic: str) -> list[str]:
         return [n.name for n in self.nodes.values() if topic in n.subscribes]
@@ -154,8 +156,10 @@ class _Lines:
             path = path[:-1]
         return self.lines.get(path)
 
-    def error(self, path, message: str) -> GraphError:
-        return GraphError(self.source, self.line(path), ".".join(map(str, path)), message)
+    def error(self, path, message: str, key=None) -> GraphError:
+        """The error at ``path``'s line; ``key`` (default: ``path``) is the key it names."""
+        key = path if key is None else key
+        return GraphError(self.source, self.line(path), ".".join(map(str, key)), message)
 
 
 def load(path: str, overrides: list[str] | tuple = ()) -> Graph:
@@ -274,9 +278,10 @@ def _validate(data: dict, lines: _Lines) -> Graph:
     raw_nodes = _require_mapping(data.get("nodes"), ("nodes",), lines)
     if not raw_nodes:
         raise lines.error(("nodes",), "a graph needs at least one node")
-    nodes = {}
+    nodes, configs, declared = {}, {}, {}
     for nname, nspec in raw_nodes.items():
-        nodes[nname] = _validate_node(str(nname), nspec, topics, lines)
+        nodes[nname], configs[nname], declared[nname] = _validate_node(str(nname), nspec,
+                                                                       topics, lines)
 
     published = {t for n in nodes.values() for t in n.publishes}
     served = {s for n in nodes.values() for s in n.serves}
@@ -303,9 +308,31 @@ def _validate(data: dict, lines: _Lines) -> Graph:
         if tname not in published:
             raise lines.error(("topics", tname), "topic is declared but no node publishes it")
 
+    for n in nodes.values():  # after the structure: the kinds' declared ports
+        if declared[n.name] is None:
+            continue
+        mismatch = ports.check_node(n.kind, declared[n.name],
+                                    {key: getattr(n, key) for key in ports.SECTIONS})
+        if mismatch is not None:
+            section, index, message = mismatch
+            path = ("nodes", n.name, section)
+            raise lines.error(path if index is None else (*path, index), message, key=path)
+    mismatch = ports.check_types({n: p for n, p in declared.items() if p is not None}, nodes)
+    if mismatch is not None:
+        node, section, index, message = mismatch
+        raise lines.error(("nodes", node, section, index), message,
+                          key=("nodes", node, section))
+
     run = _validate_run(_require_mapping(data.get("run"), ("run",), lines), nodes, lines)
-    return Graph(name=name, source=lines.source, topics=topics, nodes=nodes, run=run,
-                 services=tuple(sorted(served)), raw=copy.deepcopy(data))
+    graph = Graph(name=name, source=lines.source, topics=topics, nodes=nodes, run=run,
+                  services=tuple(sorted(served)), raw=copy.deepcopy(data), configs=configs,
+                  ports=declared)
+    for check in kinds.graph_checks():
+        try:
+            check(graph)
+        except configlib.ConfigError as exc:
+            raise lines.error(_key_path(exc.key), exc.message) from None
+    return graph
 
 
 def _check_name(name, path, lines: _Lines) -> None:
@@ -322,17 +349,24 @@ def _validate_node(name: str, spec, topics: dict, lines: _Lines) -> NodeSpec:
     if not isinstance(kind, str) or not kind:
         raise lines.error((*path, "kind"), "required: the node kind (a registered kind or "
                           "package.module:function)")
-    module, config_cls = resolve_kind(kind, lines, (*path, "kind"))
+    resolved = _resolve(kind, lines, (*path, "kind"))
     replicas = _typed(spec.get("replicas", 1), int, (*path, "replicas"), lines, minimum=1)
     raw_config = _require_mapping(spec.get("config"), (*path, "config"), lines)
-    if config_cls is not None:
-        try:
-            configlib.build(config_cls, raw_config)
-        except configlib.ConfigError as exc:
-            raise lines.error((*path, "config", *exc.key.split(".")), exc.message) from None
+    try:
+        config = (configlib.build(resolved.config_cls, raw_config) if resolved.config_cls
+                  else dict(raw_config))
+        if resolved.validate is not None:
+            resolved.validate(config)
+    except configlib.ConfigError as exc:
+        raise lines.error((*path, "config", *_key_path(exc.key)), exc.message) from None
     lists = {}
-    for key in ("publishes", "subscribes", "serves", "calls"):
+    for key in ports.SECTIONS:
         lists[key] = _names(spec.get(key), (*path, key), lines)
+    try:
+        declared = ports.of(resolved.ports, config)
+    except Exception as exc:  # user code computing its ports: a mistake there is one line too
+        raise lines.error((*path, "kind"), f"PORTS(config) failed: {type(exc).__name__}: "
+                          f"{exc}") from None
     for key in ("publishes", "subscribes"):
         for i, t in enumerate(lists[key]):
             if t not in topics:
@@ -367,8 +401,14 @@ def _validate_node(name: str, spec, topics: dict, lines: _Lines) -> NodeSpec:
     if nice > 19:
         raise lines.error((*path, "nice"), f"must be 0 to 19, got {nice}")
     stop_after = _names(spec.get("stop_after"), (*path, "stop_after"), lines)
-    return NodeSpec(name=name, kind=kind, replicas=replicas, config=raw_config,
+    node = NodeSpec(name=name, kind=kind, replicas=replicas, config=raw_config,
                     restart=restart, device=device, nice=nice, stop_after=stop_after, **lists)
+    return node, config, declared
+
+
+def _key_path(key: str) -> tuple:
+    """A dotted key as a path into the YAML (list indices as ints)."""
+    return tuple(int(part) if part.isdigit() else part for part in key.split(".") if part)
 
 
 def _validate_run(spec: dict, nodes: dict, lines: _Lines) -> RunSpec:

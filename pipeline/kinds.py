@@ -12,7 +12,10 @@ A kind module defines ``async def run(config, node, ready)`` (``node`` is a
 * ``PORTS``: a :class:`pipeline.ports.Ports` (or a function of the built config returning one),
   checked against the graph entry at load and at runtime;
 * ``validate(config)``: raises :class:`pipeline.config.ConfigError` for a bad combination of
-  values, reported at load with the key's file:line.
+  values, reported at load with the key's file:line (``key`` relative to the node's config).
+
+Graph-wide checks (settings that must agree across nodes) are registered with
+:func:`register_graph_check`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 _KINDS: dict[str, str] = {}  # kind name -> module path, imported on first use
+_GRAPH_CHECKS: list[Callable] = []
 
 
 class UnknownKind(LookupError):
@@ -56,6 +60,23 @@ def register_package(package: str, names) -> None:
     for name in names:
         if not name.startswith("_"):
             register(name, f"{package}.{name}")
+
+
+def register_graph_check(check: Callable) -> Callable:
+    """Run ``check(graph)`` on every graph at load, after each node was checked on its own.
+
+    For settings that must agree across nodes. ``graph.configs[node]`` is each node's built
+    config; a mistake is ``raise pipeline.config.ConfigError(key, message)`` with ``key`` the
+    dotted path from the graph's root (``"nodes.learner.config.env_id"``), reported as one line
+    with that key's file:line. Usable as a decorator; registering the same function twice is a
+    no-op."""
+    if check not in _GRAPH_CHECKS:
+        _GRAPH_CHECKS.append(check)
+    return check
+
+
+def graph_checks() -> tuple:
+    return tuple(_GRAPH_CHECKS)
 
 
 def known() -> list[str]:

@@ -10,7 +10,6 @@ RL payloads (time steps, experience, parameters...) are declared the same way in
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from typing import Any, ClassVar
 
@@ -39,15 +38,6 @@ def message(kind: str):
 def message_class(kind: str) -> type | None:
     """The dataclass registered under ``kind``, or None."""
     return _REGISTRY.get(kind)
-
-
-def load_plugins(package: str = "nodes") -> None:
-    """Import the package that declares the application's message types (if installed), so a
-    process that only watches (``run.py monitor``) can decode them too."""
-    import importlib
-
-    with contextlib.suppress(ImportError):
-        importlib.import_module(package)
 
 
 def registered_kinds() -> list[str]:

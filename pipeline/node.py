@@ -70,6 +70,7 @@ class Launch:
     grace_s: float = 15.0
     resume: str | None = None  # checkpoint directory to restore from, if resuming
     subscribes: list = field(default_factory=list)
+    calls: list | None = None  # services the graph entry lists; None: not checked
 
     def dump(self, path: str) -> None:
         with open(path, "w") as f:
@@ -151,7 +152,9 @@ async def run_instance(launch: Launch, sockets: SocketFactory | None = None,
     sockets = sockets or SocketFactory()
     topics = {name: TopicSpec(**spec) for name, spec in launch.topics.items()}
     bus = Bus(launch.incarnation, launch.node, topics, launch.bind, launch.consumer_groups,
-              sockets=sockets, subscriptions=tuple(launch.subscribes))
+              sockets=sockets, subscriptions=tuple(launch.subscribes),
+              listed={"subscribes": list(launch.subscribes),
+                      **({"calls": list(launch.calls)} if launch.calls is not None else {})})
     node = NodeContext(bus, NodeInfo(launch.node, launch.instance, launch.replica,
                                      launch.run_dir, launch.device, launch.resume), stop)
     control = _Control(launch, node, sockets)

@@ -53,6 +53,7 @@ def make_launch(graph: Graph, node_name: str, replica: int, generation: int, run
         grace_s=graph.run.grace_s,
         resume=resume,
         subscribes=list(node.subscribes),
+        calls=list(node.calls),
     )
 
 

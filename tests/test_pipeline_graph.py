@@ -44,7 +44,18 @@ run:
 USER_MODULES = {
     "conduit_test_boom.py": "raise RuntimeError('boom at import')\n",
     "conduit_test_syntax.py": "def run(:\n",
-    "conduit_test_fine.py": "async def run(config, bus, ready):\n    ready()\n",
+    "conduit_test_fine.py": "async def run(config, node, ready):\n    ready()\n",
+    # Kinds with declared ports that disagree with the demo kinds on message types.
+    "conduit_test_ports.py": (
+        "from pipeline.messages import Lifecycle, Record\n"
+        "from pipeline.ports import Port, Ports, Service\n"
+        "async def wants_lifecycle(config, node, ready):\n    ready()\n"
+        "wants_lifecycle.PORTS = Ports(subscribes={'numbers': Port(Lifecycle)})\n"
+        "async def serves_sample(config, node, ready):\n    ready()\n"
+        "serves_sample.PORTS = Ports(subscribes={'numbers': Port(Record)},\n"
+        "                           serves={'sample': Service(Record, Record)})\n"
+        "async def calls_sample(config, node, ready):\n    ready()\n"
+        "calls_sample.PORTS = Ports(calls={'sample': Service(Record, Lifecycle)})\n"),
 }
 
 
@@ -176,6 +187,29 @@ CASES = [
      "expected an integer, got str 'abc'"),
     ("set-unknown-config-key", BASE, ("nodes.source.config.cuont=3",), 7,
      "nodes.source.config.cuont", "unknown key (known: count, size, output)"),
+    # declared ports (pipeline/ports.py): the graph entry against the kind, both ends' types
+    ("port-not-declared", edit("publishes: [numbers]", "publishes: [numbers, other]",
+                               edit("topics:\n", "topics:\n  other: {delivery: lossy}\n")),
+     (), 9, "nodes.source.publishes",
+     "kind 'demo_source' does not publish 'other' (it declares publishes: numbers)"),
+    ("required-port-missing", edit("subscribes: [numbers]", "subscribes: []"), (), 12,
+     "nodes.sink.subscribes", "kind 'demo_sink' must subscribe to 'numbers': add it to "
+     "subscribes"),
+    ("topic-type-mismatch", edit("kind: demo_sink", "kind: conduit_test_ports:wants_lifecycle"),
+     (), 12, "nodes.sink.subscribes", "topic 'numbers' carries Record from node 'source', "
+     "but this node expects Lifecycle"),
+    ("service-type-mismatch",
+     edit("kind: demo_sink", "kind: conduit_test_ports:serves_sample",
+          sink_extra("    serves: [sample]\n  caller:\n"
+                     "    kind: conduit_test_ports:calls_sample\n    calls: [sample]\n")),
+     (), 16, "nodes.caller.calls", "service 'sample' of node 'sink' takes Record and replies "
+     "Record, but this node sends Record and expects Lifecycle"),
+    ("validate-hook", edit("kind: demo_sink\n    config: {expected: 10, input: numbers}",
+                           "kind: demo_transformer\n    config: {input: numbers, output: "
+                           "numbers}"),
+     (), 11, "nodes.sink.config.output", "must differ from input ('numbers')"),
+    ("sink-expected-negative", edit("expected: 10", "expected: -1"), (), 11,
+     "nodes.sink.config.expected", "must be >= 0, got -1"),
 ]
 assert len(CASES) >= 25 and len({c[0] for c in CASES}) == len(CASES)
 
@@ -184,7 +218,8 @@ assert len(CASES) >= 25 and len({c[0] for c in CASES}) == len(CASES)
 CLI_CASES = ["invalid-yaml", "not-utf8", "top-level-list", "unknown-top-key", "hwm-string",
              "unknown-kind", "module-raises-on-import", "module-syntax-error", "replicas-bool",
              "unknown-config-key", "subscribed-never-published", "duplicate-node",
-             "negative-duration", "set-unknown-path", "set-bad-type"]
+             "negative-duration", "set-unknown-path", "set-bad-type", "topic-type-mismatch",
+             "required-port-missing"]
 assert set(CLI_CASES) <= {c[0] for c in CASES}
 
 
@@ -329,6 +364,7 @@ def test_stop_order_of_the_demo_graph():
     assert graph.stop_order() == [["source"], ["transformer"], ["sink"]]
 
 
+# The stop-order tests wire kinds freely: they use a kind without declared ports.
 def test_order_follows_reliable_topics_and_services_only():
     text = """\
 name: fan
@@ -338,18 +374,18 @@ topics:
   metrics: {delivery: lossy}
 nodes:
   actor_a:
-    kind: demo_source
+    kind: "tests.crashing_node:run"
     publishes: [experience, metrics]
     subscribes: [params]
   actor_b:
-    kind: demo_source
+    kind: "tests.crashing_node:run"
     publishes: [experience]
   replay:
-    kind: demo_sink
+    kind: "tests.crashing_node:run"
     subscribes: [experience]
     serves: [sample]
   learner:
-    kind: demo_sink
+    kind: "tests.crashing_node:run"
     calls: [sample]
     publishes: [params]
     subscribes: [metrics]
@@ -368,8 +404,8 @@ topics:
   a: {delivery: reliable}
   b: {delivery: reliable}
 nodes:
-  first: {kind: demo_transformer, subscribes: [b], publishes: [a]}
-  second: {kind: demo_transformer, subscribes: [a], publishes: [b]}
+  first: {kind: "tests.crashing_node:run", subscribes: [b], publishes: [a]}
+  second: {kind: "tests.crashing_node:run", subscribes: [a], publishes: [b]}
 """
     graph = graphlib.parse(text, "ring.yaml")
     assert graph.stop_order() == [["first"], ["second"]]
