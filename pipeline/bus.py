@@ -67,6 +67,7 @@ BATCH_BYTES = 4 << 20  # a batch stops growing once its messages reach this many
 # Bytes in flight per subscriber connection (besides the message window): bounds the memory a
 # slow consumer of large messages pins on both sides, and keeps it small enough to stay cached.
 WINDOW_BYTES = 32 << 20
+HWM_BYTES = 1 << 30  # default per-topic bound on the bytes a publisher holds unacknowledged
 _LEAVE_ACK = b"A"
 ACK_DELAY_S = 0.002  # how long an idle subscriber may sit on credit below the batch size
 _DATA = b"D"
@@ -144,8 +145,9 @@ def _with_credit(group: _Group) -> list:
 class ReliablePublisher:
     """Publishes ``topic`` to every consumer group with credit-based flow control."""
 
-    def __init__(self, bus: Bus, topic: str, endpoint: str, hwm: int, groups: list[str]):
-        self.topic, self.hwm, self.bus = topic, hwm, bus
+    def __init__(self, bus: Bus, topic: str, endpoint: str, hwm: int, groups: list[str],
+                 hwm_bytes: int = HWM_BYTES):
+        self.topic, self.hwm, self.hwm_bytes, self.bus = topic, hwm, hwm_bytes, bus
         self.stats = TopicStats()
         self.seq = 0
         self.groups = {g: _Group(g) for g in groups}
@@ -161,19 +163,21 @@ class ReliablePublisher:
         # Messages not yet acknowledged by every group, in order; everything up to
         # ``completed_through`` was. Subscribers of this node wait on it (see Bus.watermark).
         self._unfinished: collections.deque = collections.deque()
+        self.queued_bytes = 0  # of the messages in _unfinished: bounded by hwm_bytes
         self.completed_through = 0
         self.tap = _Tap(bus, endpoint + ".tap")
 
     async def send(self, msg) -> None:
         """Queue ``msg`` for every group; wait while any group's queue is at its bound."""
         stats = self.stats
-        if stats.depth >= self.hwm:
+        if stats.depth >= self.hwm or self.queued_bytes >= self.hwm_bytes:
             await self._wait_for_space()
         self.seq = seq = self.seq + 1
         frames = codec.encode(msg, self.bus.instance, seq)
         record = _Msg(seq, frames, len(self._backlogs))
         if self._backlogs:
             self._unfinished.append(record)
+            self.queued_bytes += record.nbytes
         else:
             self.completed_through = seq
         depth = 0
@@ -192,13 +196,15 @@ class ReliablePublisher:
 
     async def _wait_for_space(self) -> None:
         started = time.perf_counter()
-        while self.stats.depth >= self.hwm:
+        while self._full():
             self._space.clear()
             await self._space.wait()
         self.stats.wait_s += time.perf_counter() - started
 
     def _full(self) -> bool:
-        return self.stats.depth >= self.hwm
+        """A group's queue is at ``hwm`` messages, or the messages not yet acknowledged by
+        every group reach ``hwm_bytes`` (one message may go past it, so any size can go)."""
+        return self.stats.depth >= self.hwm or self.queued_bytes >= self.hwm_bytes
 
     def _update_depth(self) -> None:
         self.stats.depth = max([len(backlog) for backlog, _ in self._backlogs], default=0)
@@ -351,7 +357,9 @@ class ReliablePublisher:
         unfinished = self._unfinished
         if unfinished and unfinished[0].remaining <= 0:
             while unfinished and unfinished[0].remaining <= 0:
-                self.completed_through = unfinished.popleft().seq
+                record = unfinished.popleft()
+                self.completed_through = record.seq
+                self.queued_bytes -= record.nbytes
             self.bus.on_output_acknowledged()
 
     def _notify_progress(self) -> None:
@@ -1013,7 +1021,8 @@ class ServiceClient:
 @dataclass(frozen=True)
 class TopicSpec:
     delivery: str
-    hwm: int = 1000
+    hwm: int = 1000  # messages a reliable group may queue
+    hwm_bytes: int = HWM_BYTES  # bytes a reliable publisher may hold unacknowledged
 
 
 class Bus:
@@ -1053,7 +1062,7 @@ class Bus:
             endpoint = self._bind_endpoint(topic)
             if spec.delivery == RELIABLE:
                 pub = ReliablePublisher(self, topic, endpoint, spec.hwm,
-                                        self.consumer_groups.get(topic, []))
+                                        self.consumer_groups.get(topic, []), spec.hwm_bytes)
                 self._reliable.append(pub)
             else:
                 pub = BroadcastPublisher(self, topic, endpoint, spec.hwm, spec.delivery)

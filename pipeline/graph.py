@@ -12,33 +12,32 @@ from __future__ import annotations
 
 import copy
 import re
+import tempfile
 from dataclasses import dataclass, field
 
 import yaml
 
 from pipeline import config as configlib
-from pipeline import kinds, ports
-from pipeline.bus import DELIVERY_CLASSES, RELIABLE
+from pipeline import graphyaml, kinds, ports
+from pipeline.bus import DELIVERY_CLASSES, HWM_BYTES, RELIABLE
+from pipeline.graphyaml import GraphError, Lines
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 RESTART_POLICIES = ("always", "on-failure", "never")
 
 TOP_KEYS = {"name", "description", "topics", "services", "nodes", "run"}
-TOPIC_KEYS = {"delivery", "hwm"}
+TOPIC_KEYS = {"delivery", "hwm", "hwm_bytes"}
+MAX_REPLICAS = 64  # per node: each replica is a process on this machine
+IPC_PATH_MAX = 107  # bytes in a unix socket path (sun_path, with its NUL)
+# Room an ipc endpoint needs besides the node and topic names: the socket directory (the temp
+# directory plus a short per-run name), ".<replica>~<generation up to 6 digits>.", ".tap".
+IPC_DIR_ROOM = 25
+IPC_NAME_ROOM = len(".00~000000..tap")
 NODE_KEYS = {"kind", "replicas", "config", "publishes", "subscribes", "serves", "calls",
              "restart", "device", "nice", "description", "stop_after"}
 RESTART_KEYS = {"policy", "max_failures", "window_s", "backoff_s", "backoff_max_s"}
 RUN_KEYS = {"directory", "duration_s", "stop_when", "heartbeat_s", "heartbeat_timeout_s",
             "grace_s", "transport", "ready_timeout_s"}
-
-
-class GraphError(Exception):
-    """A user mistake in a graph: printed as one line, exit code 2."""
-
-    def __init__(self, source: str, line: int | None, key: str, message: str):
-        self.source, self.line, self.key, self.message = source, line, key, message
-        where = f"{source}:{line}" if line else source
-        super().__init__(f"{where}: {key}: {message}" if key else f"{where}: {message}")
 
 
 @dataclass(frozen=True)
@@ -71,6 +70,7 @@ class TopicDecl:
     name: str
     delivery: str
     hwm: int
+    hwm_bytes: int = HWM_BYTES
 
 
 @dataclass(frozen=True)
@@ -123,69 +123,25 @@ class Graph:
         return waves
 
 
-# --- YAML with line numbers ---------------------------------------------------------------------
-
-
-class _Lines:
-    """Maps key paths (tuples) to YAML line numbers, for error messages."""
-
-    def __init__(self, source: str):
-        self.source = source
-        self.lines: dict[tuple, int] = {}
-
-    def record(self, node, path=()) -> None:
-        self.lines[path] = node.start_mark.line + 1
-        if isinstance(node, yaml.MappingNode):
-            seen = set()
-            for key_node, value_node in node.value:
-                key = key_node.value
-                if key in seen:
-                    raise GraphError(self.source, key_node.start_mark.line + 1,
-                                     ".".join(map(str, (*path, key))), "duplicate key")
-                seen.add(key)
-                self.lines[(*path, key)] = key_node.start_mark.line + 1
-                self.record(value_node, (*path, key))
-                self.lines[(*path, key)] = key_node.start_mark.line + 1
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                self.record(item, (*path, i))
-
-    def line(self, path) -> int | None:
-        path = tuple(path)
-        while path not in self.lines and path:
-            path = path[:-1]
-        return self.lines.get(path)
-
-    def error(self, path, message: str, key=None) -> GraphError:
-        """The error at ``path``'s line; ``key`` (default: ``path``) is the key it names."""
-        key = path if key is None else key
-        return GraphError(self.source, self.line(path), ".".join(map(str, key)), message)
-
-
 def load(path: str, overrides: list[str] | tuple = ()) -> Graph:
     """Read, override (``key.path=value``), and validate a graph file."""
     try:
-        with open(path) as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            raw = f.read(graphyaml.MAX_GRAPH_BYTES + 1)  # never more: the file may be huge
     except OSError as exc:
         raise GraphError(path, None, "", f"cannot read graph: {exc.strerror}") from None
+    if len(raw) > graphyaml.MAX_GRAPH_BYTES:
+        raise GraphError(path, None, "", f"graph file is larger than "
+                         f"{graphyaml.MAX_GRAPH_BYTES} bytes")
+    try:
+        text = raw.decode()
     except UnicodeDecodeError as exc:
         raise GraphError(path, None, "", f"not UTF-8 text (byte {exc.start})") from None
     return parse(text, path, overrides)
 
 
 def parse(text: str, source: str = "<graph>", overrides: list[str] | tuple = ()) -> Graph:
-    lines = _Lines(source)
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise GraphError(source, mark.line + 1 if mark else None, "",
-                         f"invalid YAML: {problem}") from None
-    if root is not None:
-        lines.record(root)
+    data, lines = graphyaml.read(text, source)
     if not isinstance(data, dict):
         raise GraphError(source, 1, "", "a graph must be a mapping with name, topics, nodes")
     for override in overrides:
@@ -193,13 +149,13 @@ def parse(text: str, source: str = "<graph>", overrides: list[str] | tuple = ())
     return _validate(data, lines)
 
 
-def _apply_override(data: dict, override: str, lines: _Lines) -> None:
+def _apply_override(data: dict, override: str, lines: Lines) -> None:
     if "=" not in override:
         raise GraphError(lines.source, None, override, "--set expects key.path=value")
     key, _, raw = override.partition("=")
     path = key.strip().split(".")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = graphyaml.read_value(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     target = data
@@ -216,7 +172,7 @@ def _apply_override(data: dict, override: str, lines: _Lines) -> None:
     target[path[-1]] = value
 
 
-def _require_mapping(value, path, lines: _Lines, allow_none=True) -> dict:
+def _require_mapping(value, path, lines: Lines, allow_none=True) -> dict:
     if value is None and allow_none:
         return {}
     if not isinstance(value, dict):
@@ -224,13 +180,13 @@ def _require_mapping(value, path, lines: _Lines, allow_none=True) -> dict:
     return value
 
 
-def _check_keys(mapping: dict, allowed: set, path, lines: _Lines) -> None:
+def _check_keys(mapping: dict, allowed: set, path, lines: Lines) -> None:
     for key in mapping:
         if key not in allowed:
             raise lines.error((*path, key), f"unknown key (allowed: {', '.join(sorted(allowed))})")
 
 
-def _names(value, path, lines: _Lines) -> tuple:
+def _names(value, path, lines: Lines) -> tuple:
     if value is None:
         return ()
     if isinstance(value, str):
@@ -242,7 +198,7 @@ def _names(value, path, lines: _Lines) -> tuple:
     return tuple(value)
 
 
-def _typed(value, kind, path, lines: _Lines, minimum=None):
+def _typed(value, kind, path, lines: Lines, minimum=None):
     try:
         value = configlib.check(kind, value, ".".join(map(str, path)))
     except configlib.ConfigError as exc:
@@ -252,7 +208,7 @@ def _typed(value, kind, path, lines: _Lines, minimum=None):
     return value
 
 
-def _validate(data: dict, lines: _Lines) -> Graph:
+def _validate(data: dict, lines: Lines) -> Graph:
     # ``x-...`` keys hold YAML anchors shared by several nodes (docker-compose's convention).
     data = {k: v for k, v in data.items() if not str(k).startswith("x-")}
     _check_keys(data, TOP_KEYS, (), lines)
@@ -273,7 +229,12 @@ def _validate(data: dict, lines: _Lines) -> Graph:
             raise lines.error((*path, "delivery"),
                               f"must be one of {', '.join(DELIVERY_CLASSES)}, got {delivery!r}")
         hwm = _typed(tspec.get("hwm", 1000), int, (*path, "hwm"), lines, minimum=1)
-        topics[tname] = TopicDecl(tname, delivery, hwm)
+        if "hwm_bytes" in tspec and delivery != RELIABLE:
+            raise lines.error((*path, "hwm_bytes"), f"only reliable topics queue messages; a "
+                              f"{delivery} topic drops or replaces them")
+        hwm_bytes = _typed(tspec.get("hwm_bytes", HWM_BYTES), int, (*path, "hwm_bytes"), lines,
+                           minimum=1)
+        topics[tname] = TopicDecl(tname, delivery, hwm, hwm_bytes)
 
     raw_nodes = _require_mapping(data.get("nodes"), ("nodes",), lines)
     if not raw_nodes:
@@ -307,6 +268,7 @@ def _validate(data: dict, lines: _Lines) -> Graph:
     for tname in topics:
         if tname not in published:
             raise lines.error(("topics", tname), "topic is declared but no node publishes it")
+    _check_stop_after_cycles(nodes, lines)
 
     for n in nodes.values():  # after the structure: the kinds' declared ports
         if declared[n.name] is None:
@@ -335,12 +297,12 @@ def _validate(data: dict, lines: _Lines) -> Graph:
     return graph
 
 
-def _check_name(name, path, lines: _Lines) -> None:
+def _check_name(name, path, lines: Lines) -> None:
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise lines.error(path, "names use letters, digits, '_' and '-' and start with a letter")
 
 
-def _validate_node(name: str, spec, topics: dict, lines: _Lines) -> NodeSpec:
+def _validate_node(name: str, spec, topics: dict, lines: Lines) -> NodeSpec:
     path = ("nodes", name)
     _check_name(name, path, lines)
     spec = _require_mapping(spec, path, lines, allow_none=False)
@@ -351,6 +313,8 @@ def _validate_node(name: str, spec, topics: dict, lines: _Lines) -> NodeSpec:
                           "package.module:function)")
     resolved = _resolve(kind, lines, (*path, "kind"))
     replicas = _typed(spec.get("replicas", 1), int, (*path, "replicas"), lines, minimum=1)
+    if replicas > MAX_REPLICAS:
+        raise lines.error((*path, "replicas"), f"must be <= {MAX_REPLICAS}, got {replicas}")
     raw_config = _require_mapping(spec.get("config"), (*path, "config"), lines)
     try:
         config = (configlib.build(resolved.config_cls, raw_config) if resolved.config_cls
@@ -411,7 +375,7 @@ def _key_path(key: str) -> tuple:
     return tuple(int(part) if part.isdigit() else part for part in key.split(".") if part)
 
 
-def _validate_run(spec: dict, nodes: dict, lines: _Lines) -> RunSpec:
+def _validate_run(spec: dict, nodes: dict, lines: Lines) -> RunSpec:
     _check_keys(spec, RUN_KEYS, ("run",), lines)
     duration = _typed(spec.get("duration_s"), float | None, ("run", "duration_s"), lines)
     if duration is not None and duration <= 0:
@@ -427,8 +391,50 @@ def _validate_run(spec: dict, nodes: dict, lines: _Lines) -> RunSpec:
     numbers = {k: _typed(spec[k], float, ("run", k), lines, minimum=0.001)
                for k in ("heartbeat_s", "heartbeat_timeout_s", "grace_s", "ready_timeout_s")
                if k in spec}
-    return RunSpec(directory=directory, duration_s=duration, stop_when=stop_when,
-                   transport=transport, **numbers)
+    run = RunSpec(directory=directory, duration_s=duration, stop_when=stop_when,
+                  transport=transport, **numbers)
+    if run.heartbeat_timeout_s < 2 * run.heartbeat_s:
+        # One late heartbeat must not get a healthy node killed (in a loop, every timeout).
+        at = "heartbeat_timeout_s" if "heartbeat_timeout_s" in spec else "heartbeat_s"
+        raise lines.error(("run", at), f"heartbeat_timeout_s ({run.heartbeat_timeout_s:g}) "
+                          f"must be at least twice heartbeat_s ({run.heartbeat_s:g})")
+    if run.transport == "ipc":
+        _check_ipc_paths(nodes, lines)
+    return run
+
+
+def _check_stop_after_cycles(nodes: dict, lines: Lines) -> None:
+    """``stop_after`` edges must not loop: the supervisor would wait on itself to stop."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(name: str, trail: list) -> None:
+        state[name] = 1
+        for i, other in enumerate(nodes[name].stop_after):
+            if state.get(other) == 1:
+                cycle = [*trail[trail.index(other):], name, other] if other in trail \
+                    else [name, other]
+                raise lines.error(("nodes", name, "stop_after", i),
+                                  f"stop_after cycle: {' -> '.join(cycle)}",
+                                  key=("nodes", name, "stop_after"))
+            if other not in state:
+                visit(other, [*trail, name])
+        state[name] = 2
+
+    for name in nodes:
+        if name not in state:
+            visit(name, [])
+
+
+def _check_ipc_paths(nodes: dict, lines: Lines) -> None:
+    """Refuse names that would not fit in a unix socket path, before any process binds."""
+    room = IPC_PATH_MAX - len(tempfile.gettempdir()) - IPC_DIR_ROOM - IPC_NAME_ROOM
+    for node in nodes.values():
+        for name in (*node.publishes, *node.serves):
+            if len(node.name.encode()) + len(name.encode()) > room:
+                raise lines.error(("nodes", node.name), (
+                    f"node name and {name!r} are too long for an ipc socket path "
+                    f"({len(node.name.encode()) + len(name.encode())} bytes together, at most "
+                    f"{room} here): shorten them or use run.transport: tcp"))
 
 
 # --- node kinds -----------------------------------------------------------------------------------
@@ -438,16 +444,39 @@ def known_kinds() -> list[str]:
     return kinds.known()
 
 
-def resolve_kind(kind: str, lines: _Lines | None = None, path=("kind",)):
+def resolve_kind(kind: str, lines: Lines | None = None, path=("kind",)):
     """Import a node kind; return ``(run function, Config class or None)``."""
     resolved = _resolve(kind, lines, path)
     return resolved.run, resolved.config_cls
 
 
-def _resolve(kind: str, lines: _Lines | None, path) -> kinds.Kind:
+def _resolve(kind: str, lines: Lines | None, path) -> kinds.Kind:
     try:
         return kinds.resolve(kind)
     except kinds.UnknownKind as exc:
         if lines is None:
             raise GraphError("<graph>", None, ".".join(path), str(exc)) from None
         raise lines.error(path, str(exc)) from None
+
+
+# --- run.py check ----------------------------------------------------------------------------
+
+
+def check_command(argv: list[str]) -> int:
+    """``run.py check GRAPH [--set key.path=value ...]``: validate a graph as ``run`` would
+    (kinds, ports, configs, ``validate`` hooks, graph checks) and start nothing. Prints ``ok``,
+    or the one-line error and exits 2."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="run.py check", description=check_command.__doc__)
+    parser.add_argument("graph")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    try:
+        load(args.graph, args.set)
+    except GraphError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("ok")
+    return 0

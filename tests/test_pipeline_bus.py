@@ -267,3 +267,29 @@ def test_large_messages_flow_through_a_small_byte_window(tmp_path, monkeypatch):
     # No delayed acknowledgements: only those sent for bytes handled can keep this moving.
     monkeypatch.setattr(bus_module, "ACK_DELAY_S", 60.0)
     asyncio.run(asyncio.wait_for(_large_messages_small_window(tmp_path), 30))
+
+
+async def _hwm_bytes(tmp_path) -> None:
+    size = len(_record(1, np.zeros(1000, np.uint8))[0])
+    topics = {"numbers": TopicSpec("reliable", 100, hwm_bytes=3 * size)}
+    async with _publisher_and_member(tmp_path, topics) as (_, pub, raw):
+        for i in range(1, 4):  # three messages reach the byte bound; none is acknowledged yet
+            await pub.send(Record(i, np.zeros(1000, np.uint8)))
+        assert pub.queued_bytes == 3 * size and pub.stats.depth == 3 < pub.hwm
+        fourth = asyncio.ensure_future(pub.send(Record(4, np.zeros(1000, np.uint8))))
+        for _ in range(10):  # let the loop run: the send must stay blocked on bytes alone
+            await asyncio.sleep(0)
+        assert not fourth.done() and pub.seq == 3
+        raw.connect(pub.endpoint)
+        await raw.send_multipart(codec.encode(Join("numbers", "sink", "sink.0~0", 10, 1 << 30)))
+        head = (await asyncio.wait_for(raw.recv_multipart(), 5))[0]
+        assert _parse_batch(head)[:2] == (1, 3)
+        assert not fourth.done()  # delivered is not acknowledged: the bytes are still held
+        await raw.send_multipart(codec.encode(Credit("numbers", 1)))
+        await asyncio.wait_for(fourth, 5)
+        assert pub.queued_bytes == 3 * size and pub.seq == 4
+
+
+@pytest.mark.timeout(60)
+def test_a_reliable_publisher_waits_when_unacknowledged_bytes_reach_hwm_bytes(tmp_path):
+    asyncio.run(asyncio.wait_for(_hwm_bytes(tmp_path), 30))
