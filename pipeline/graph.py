@@ -19,8 +19,8 @@ import yaml
 
 from pipeline import config as configlib
 from pipeline import graphyaml, kinds, ports
-from pipeline.bus import DELIVERY_CLASSES, HWM_BYTES, RELIABLE
 from pipeline.graphyaml import GraphError, Lines
+from pipeline.topics import DELIVERY_CLASSES, HWM_BYTES, RELIABLE
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 RESTART_POLICIES = ("always", "on-failure", "never")

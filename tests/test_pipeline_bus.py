@@ -15,8 +15,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from pipeline import bus as bus_module
-from pipeline import codec
+from pipeline import codec, reliable
 from pipeline.bus import Bus, TopicSpec
 from pipeline.messages import Credit, Join, Record
 from pipeline.sockets import SocketFactory
@@ -265,7 +264,7 @@ async def _large_messages_small_window(tmp_path) -> None:
 @pytest.mark.timeout(60)
 def test_large_messages_flow_through_a_small_byte_window(tmp_path, monkeypatch):
     # No delayed acknowledgements: only those sent for bytes handled can keep this moving.
-    monkeypatch.setattr(bus_module, "ACK_DELAY_S", 60.0)
+    monkeypatch.setattr(reliable, "ACK_DELAY_S", 60.0)
     asyncio.run(asyncio.wait_for(_large_messages_small_window(tmp_path), 30))
 
 
