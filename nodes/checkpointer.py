@@ -99,9 +99,10 @@ def prune(root: str, keep: int) -> None:
         shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
-async def run(config: Config, bus, ready) -> dict:
+async def run(config: Config, node, ready) -> dict:
+    bus = node.bus
     clients = {name: bus.client(name) for name in config.services}
-    root = os.path.join(bus.context.run_dir, "checkpoints")
+    root = os.path.join(node.info.run_dir, "checkpoints")
     sequence = 0
     written = []
     ready()
@@ -127,12 +128,12 @@ async def run(config: Config, bus, ready) -> dict:
                                        previous)
         await asyncio.to_thread(prune, root, config.num_checkpoints)
         written.append(path)
-        bus.status.update(checkpoints=len(written), env_steps=env_steps)
+        node.status.update(checkpoints=len(written), env_steps=env_steps)
         log.info("checkpoint %s (%s)", path, reason)
 
     while True:
         try:
-            await asyncio.wait_for(bus.stopping.wait(), config.interval_s)
+            await asyncio.wait_for(node.stopping.wait(), config.interval_s)
             break
         except TimeoutError:
             pass

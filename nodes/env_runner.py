@@ -91,26 +91,26 @@ class _Counters:
         self.last_report = time.monotonic()
 
 
-async def _step_group(config: Config, bus, group: int, policy, metrics, stats: EpisodeStats,
+async def _step_group(config: Config, node, group: int, policy, metrics, stats: EpisodeStats,
                       counters: _Counters) -> None:
     """One group of environments: send its time step, apply the actions, repeat. With several
     groups, one group steps while another waits for its actions (double buffering)."""
     size = config.num_envs // config.env_groups
-    seed = config.seed + 1000 * bus.context.replica + 100 * group
-    env_offset = bus.context.replica * config.num_envs + group * size
+    seed = config.seed + 1000 * node.info.replica + 100 * group
+    env_offset = node.info.replica * config.num_envs + group * size
     stepper = VectorEnvStepper(make_env(config, seed, size), seed)
     ts = stepper.reset()
     need_reset = False  # the env was recreated: the step after the LAST we reported is a reset
     try:
-        while not bus.stopping.is_set() and (config.max_steps is None
+        while not node.stopping.is_set() and (config.max_steps is None
                                              or counters.steps < config.max_steps):
             waited_from = time.perf_counter()
             try:
                 reply = await policy.request(
-                    TimeStepBatch(bus.context.instance, env_offset, ts._asdict()),
+                    TimeStepBatch(node.info.instance, env_offset, ts._asdict()),
                     config.request_timeout_s)
             except TimeoutError as exc:  # the unroller is restarting: ask again, same step
-                log.warning("%s: %s; asking again", bus.context.instance, exc)
+                log.warning("%s: %s; asking again", node.info.instance, exc)
                 continue
             if reply is None:
                 break
@@ -125,7 +125,7 @@ async def _step_group(config: Config, bus, group: int, policy, metrics, stats: E
                 except Exception as exc:  # a broken environment must not take the runner down
                     counters.failures += 1
                     log.error("%s: environment raised %s: %s; recreating it (%d/%d)",
-                              bus.context.instance, type(exc).__name__, exc, counters.failures,
+                              node.info.instance, type(exc).__name__, exc, counters.failures,
                               config.max_env_failures)
                     if counters.failures > config.max_env_failures:
                         raise
@@ -136,7 +136,7 @@ async def _step_group(config: Config, bus, group: int, policy, metrics, stats: E
             stats.update(ts, offset=group * size)
             counters.stepping_s += time.perf_counter() - stepped_from
             counters.steps += size
-            bus.status.update(steps=counters.steps, stepping_s=round(counters.stepping_s, 3),
+            node.status.update(steps=counters.steps, stepping_s=round(counters.stepping_s, 3),
                               waiting_s=round(counters.waiting_s, 3))
             if metrics is not None and \
                     time.monotonic() - counters.last_report >= config.metrics_interval_s:
@@ -144,22 +144,23 @@ async def _step_group(config: Config, bus, group: int, policy, metrics, stats: E
                 values = stats.flush()
                 if values:
                     values["env/failures"] = counters.failures
-                    await metrics.send(Metrics(bus.context.instance, counters.env_steps, values))
+                    await metrics.send(Metrics(node.info.instance, counters.env_steps, values))
     finally:
         stepper.env.close()
 
 
-async def run(config: Config, bus, ready) -> dict:
+async def run(config: Config, node, ready) -> dict:
+    bus = node.bus
     if config.env_groups < 1 or config.num_envs % config.env_groups:
         raise ValueError(f"num_envs ({config.num_envs}) must be a multiple of env_groups "
                          f"({config.env_groups})")
-    policy = _StopAwareRequests(bus.client("policy"), bus.stopping)
+    policy = _StopAwareRequests(bus.client("policy"), node)
     metrics = bus.publisher("metrics") if bus.publishes("metrics") else None
     stats = EpisodeStats(config.num_envs)
     counters = _Counters()
     ready()
     try:
-        await asyncio.gather(*(_step_group(config, bus, g, policy, metrics, stats, counters)
+        await asyncio.gather(*(_step_group(config, node, g, policy, metrics, stats, counters)
                                for g in range(config.env_groups)))
     finally:
         policy.close()
@@ -170,30 +171,25 @@ async def run(config: Config, bus, ready) -> dict:
 class _StopAwareRequests:
     """Requests that give up when the run stops (the unroller may be waiting on others).
 
-    One future watches the stop event for the runner's whole life, and a request is the
-    client's bare reply future: this runs once per step of the environments, where a task and
-    a ``wait`` per request would cost more than the round trip itself."""
+    A request is the client's bare reply future when a server is connected: this runs once
+    per step of the environments, where a task per request would cost more than the round
+    trip itself."""
 
-    def __init__(self, client, stopping: asyncio.Event):
-        self.client = client
-        self.stopped = asyncio.ensure_future(stopping.wait())
+    def __init__(self, client, node):
+        self.client, self.node = client, node
 
     async def request(self, msg, timeout: float):
         """The reply, or None if the run stops first."""
-        if self.stopped.done():
+        if self.node.stopping.is_set():
             return None
         if self.client.connections:
             reply = self.client.submit(msg, timeout)
         else:  # no unroller yet, or it is restarting: wait for one within the timeout
-            reply = asyncio.ensure_future(self.client.request(msg, timeout))
-        done, _ = await asyncio.wait((reply, self.stopped), return_when=asyncio.FIRST_COMPLETED)
-        if reply not in done:
-            reply.cancel()
-            return None
-        return reply.result()
+            reply = self.client.request(msg, timeout)
+        return await self.node.wait_or_stop(reply)
 
     def close(self) -> None:
-        self.stopped.cancel()
+        pass
 
 
 def _truncated(ts: TimeStep) -> TimeStep:

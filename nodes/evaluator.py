@@ -50,39 +50,36 @@ def _evaluate(alg, config: Config):
     return evaluate(alg, config.env_id, config.num_eval_episodes, config.seed, config.env_kwargs)
 
 
-async def run(config: Config, bus, ready) -> dict:
+async def run(config: Config, node, ready) -> dict:
+    bus = node.bus
     # Built at the first evaluation unless that is now. A bad algorithm config then shows at
     # that evaluation; the unroller and learner, which build the same algorithm, fail at start.
-    alg = _build_algorithm(config, bus.context.device) if config.eval_at_start else None
+    alg = _build_algorithm(config, node.info.device) if config.eval_at_start else None
     params = bus.subscriber("params")
     metrics = bus.publisher("metrics")
     ready()
     next_eval = 0 if config.eval_at_start else config.eval_interval
     best = -np.inf
     evaluations = 0
-    while not bus.stopping.is_set():
-        recv = asyncio.ensure_future(params.recv())
-        stop = asyncio.ensure_future(bus.stopping.wait())
-        done, _ = await asyncio.wait({recv, stop}, return_when=asyncio.FIRST_COMPLETED)
-        if recv not in done:
-            recv.cancel()
+    while not node.stopping.is_set():
+        envelope = await node.wait_or_stop(params.recv())
+        if envelope is None:
             break
-        stop.cancel()
-        msg = recv.result().message
+        msg = envelope.message
         if msg.env_steps < next_eval:
             continue
         if alg is None:
-            alg = await asyncio.to_thread(_build_algorithm, config, bus.context.device)
+            alg = await asyncio.to_thread(_build_algorithm, config, node.info.device)
         alg.load_policy_state_dict(msg.params)
         mean_return, mean_length = await asyncio.to_thread(
             _evaluate, alg, config)
         evaluations += 1
         best = max(best, mean_return)
         next_eval = msg.env_steps + config.eval_interval
-        bus.status.update(env_steps=msg.env_steps, eval_return=round(mean_return, 1))
+        node.status.update(env_steps=msg.env_steps, eval_return=round(mean_return, 1))
         log.info("env_steps %d version %d: eval return %.1f", msg.env_steps, msg.version,
                  mean_return)
-        await metrics.send(Metrics(bus.context.instance, msg.env_steps, {
+        await metrics.send(Metrics(node.info.instance, msg.env_steps, {
             "eval/return": mean_return, "eval/length": mean_length,
             "eval/version": msg.version}))
         if config.stop_at_return is not None and mean_return >= config.stop_at_return:

@@ -70,11 +70,12 @@ class Config(AlgorithmConfig):
 
 
 class Learner:
-    def __init__(self, config: Config, bus):
+    def __init__(self, config: Config, node):
+        bus = node.bus
         torch.manual_seed(config.seed)
         torch.set_num_threads(config.num_threads)
-        self.config, self.bus = config, bus
-        self.alg = make_algorithm(config.env_id, config.algorithm, bus.context.device,
+        self.config, self.node, self.bus = config, node, bus
+        self.alg = make_algorithm(config.env_id, config.algorithm, node.info.device,
                                   config.env_kwargs)
         self.params = bus.publisher("params")
         self.metrics = bus.publisher("metrics") if bus.publishes("metrics") else None
@@ -95,12 +96,12 @@ class Learner:
     async def publish_params(self) -> None:
         await self.params.send(Params(self.version, self.env_steps,
                                       self.alg.policy_state_dict(), self.epoch))
-        self.bus.status.update(version=self.version, epoch=self.epoch)
+        self.node.status.update(version=self.version, epoch=self.epoch)
 
     async def after_update(self, metrics: dict) -> None:
         self.iteration += 1
         self.last_metrics = metrics
-        self.bus.status.update(iteration=self.iteration, env_steps=self.env_steps)
+        self.node.status.update(iteration=self.iteration, env_steps=self.env_steps)
         if self.iteration % self.config.publish_params_every == 0:
             self.version += 1
             await self.publish_params()
@@ -114,7 +115,7 @@ class Learner:
                       "learner/train_ms_per_update": 1e3 * self._train_s / max(updates, 1),
                       "learner/wait_share": self._wait_s / period}
             self._train_s = self._wait_s = 0.0
-            await self.metrics.send(Metrics(self.bus.context.instance, self.env_steps, {
+            await self.metrics.send(Metrics(self.node.info.instance, self.env_steps, {
                 **metrics, **timing, "learner/iteration": self.iteration,
                 "learner/version": self.version}))
 
@@ -131,7 +132,9 @@ class Learner:
 
     async def take_over(self) -> bool:
         """Ask a running predecessor (a swap) for its state; False if there is none."""
-        if not self.bus.publishes("learner_state"):
+        # Only where the graph entry lists it (calls: [..., learner_state]): the graph says
+        # what connects to what, a handover included.
+        if "learner_state" not in (self.bus.listed.get("calls") or ()):
             return False
         own = self.bus.bound_endpoints()["learner_state"]
         client = self.bus.client("learner_state")
@@ -177,23 +180,24 @@ class Learner:
     async def _sample_and_train(self, client, priorities, length: int,
                                 pending: collections.deque) -> None:
         config = self.config
-        while not self.bus.stopping.is_set() and not self.handed_over.is_set() and \
+        while not self.node.stopping.is_set() and not self.handed_over.is_set() and \
                 self.env_steps < config.num_env_steps:
             while len(pending) < config.prefetch:  # the next batches come while we train
                 pending.append(await self._submit(client, length))
             waited = time.perf_counter()
-            if not pending[0].done():
-                stop = asyncio.ensure_future(self.bus.stopping.wait())
-                await asyncio.wait({pending[0], stop}, return_when=asyncio.FIRST_COMPLETED)
-                stop.cancel()
-            self._wait_s += time.perf_counter() - waited
-            if not pending[0].done():  # stopping; the rate limiter may hold this one forever
-                break
             try:
-                reply = pending.popleft().result().message
+                # Kept on stop: cancelled below with the other requests in flight.
+                envelope = await self.node.wait_or_stop(pending[0], cancel=False)
             except TimeoutError as exc:  # replay store restarting: ask again
+                pending.popleft()
                 log.warning("%s; asking again", exc)
                 continue
+            finally:
+                self._wait_s += time.perf_counter() - waited
+            if envelope is None:  # stopping; the rate limiter may hold this one forever
+                break
+            pending.popleft()
+            reply = envelope.message
             self.env_steps = max(self.env_steps, reply.env_steps)
             batch = to_torch(reply.experience)
             size = config.mini_batch_size
@@ -233,10 +237,11 @@ class Learner:
                 return
 
 
-async def run(config: Config, bus, ready) -> dict:
-    learner = Learner(config, bus)
+async def run(config: Config, node, ready) -> dict:
+    bus = node.bus
+    learner = Learner(config, node)
     if not await learner.take_over():
-        restore_from_checkpoint(learner, "learner", bus.context.resume)
+        restore_from_checkpoint(learner, "learner", node.info.resume)
     helper = start_state_server(bus, "learner_state", "learner", learner, learner.hand_over)
     await learner.publish_params()
     ready()
@@ -245,7 +250,7 @@ async def run(config: Config, bus, ready) -> dict:
             # Handed over, and not stopped within the timeout: the swap failed, train on.
             try:
                 async with asyncio.timeout(config.handover_timeout_s):
-                    await bus.stopping.wait()
+                    await node.stopping.wait()
                 break
             except TimeoutError:
                 log.warning("handed over but not stopped within %.0fs: training again",

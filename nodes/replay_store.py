@@ -94,9 +94,10 @@ def _write_spec(path: str, spec: dict) -> None:
 
 
 class ReplayStore:
-    def __init__(self, config: Config, bus):
-        self.config, self.bus = config, bus
-        self.device = resolve_device(bus.context.device)
+    def __init__(self, config: Config, node):
+        bus = node.bus
+        self.config, self.node, self.bus = config, node, bus
+        self.device = resolve_device(node.info.device)
         self.buffer: ReplayBuffer | None = None
         self.limiter = RateLimiter(config.samples_per_insert, config.spi_tolerance,
                                    config.min_size_to_sample)
@@ -108,7 +109,7 @@ class ReplayStore:
     def storage_dir(self) -> str | None:
         if self.config.storage_dir is None:
             return None
-        return os.path.join(self.bus.context.run_dir, self.config.storage_dir)
+        return os.path.join(self.node.info.run_dir, self.config.storage_dir)
 
     def make_buffer(self, experience: dict) -> None:
         spec = {k: TensorSpec(tuple(np.shape(v))[1:], torch.from_numpy(np.array(v[:1])).dtype)
@@ -197,14 +198,15 @@ class ReplayStore:
         self.limiter.inserted, self.limiter.sampled = state["inserted"], state["sampled"]
 
 
-async def run(config: Config, bus, ready) -> dict:
+async def run(config: Config, node, ready) -> dict:
+    bus = node.bus
     torch.set_num_threads(1)
-    store = ReplayStore(config, bus)
+    store = ReplayStore(config, node)
     if store.reattach():
         log.info("replay re-attached to %s: %d steps inserted", store.storage_dir,
                  store.limiter.inserted)
-    elif bus.context.resume:
-        path = os.path.join(bus.context.resume, "replay_store.pt")
+    elif node.info.resume:
+        path = os.path.join(node.info.resume, "replay_store.pt")
         if os.path.exists(path):
             store.restore(torch.load(path, weights_only=True))
             log.info("replay restored from %s: %d steps inserted", path, store.limiter.inserted)
@@ -220,14 +222,14 @@ async def run(config: Config, bus, ready) -> dict:
             # Backpressure: the learner must catch up. When the run stops, drain regardless,
             # so the unroller's last experience is stored, not lost.
             while not (store.limiter.can_insert(config.num_environments)
-                       or bus.stopping.is_set()):
+                       or node.stopping.is_set()):
                 store.limiter.changed.clear()
                 await store.limiter.changed.wait()
             envelope = await experience.recv()
             if envelope is None:
                 return
             store.insert(envelope.message)
-            bus.status["inserted"] = store.limiter.inserted
+            node.status["inserted"] = store.limiter.inserted
             await store.serve_pending()
 
     async def serve_samples():
@@ -240,7 +242,7 @@ async def run(config: Config, bus, ready) -> dict:
             store.limiter.sampler_active = True
             store.pending.append(request)
             await store.serve_pending()
-            bus.status["sampled"] = store.limiter.sampled
+            node.status["sampled"] = store.limiter.sampled
 
     async def apply_priorities():
         async for envelope in priorities:
@@ -254,13 +256,13 @@ async def run(config: Config, bus, ready) -> dict:
         while True:
             await asyncio.sleep(config.metrics_interval_s)  # a reporting period
             size = int(store.buffer.total_size) if store.buffer is not None else 0
-            await metrics.send(Metrics(bus.context.instance, store.limiter.inserted, {
+            await metrics.send(Metrics(node.info.instance, store.limiter.inserted, {
                 "replay/size": size, "replay/inserted": store.limiter.inserted,
                 "replay/sampled": store.limiter.sampled,
                 "replay/stale_priority_updates": store.rejected_priorities}))
 
     async def wake_on_stop():
-        await bus.stopping.wait()
+        await node.stopping.wait()
         store.limiter.changed.set()
 
     helpers = [asyncio.ensure_future(serve_samples()), asyncio.ensure_future(wake_on_stop())]

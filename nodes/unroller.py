@@ -17,7 +17,6 @@ whose version restarted from a checkpoint, is followed at once (:class:`~nodes.m
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field
 
@@ -53,11 +52,12 @@ class Stopping(Exception):
 
 
 class Unroller:
-    def __init__(self, config: Config, bus):
+    def __init__(self, config: Config, node):
+        bus = node.bus
         torch.manual_seed(config.seed)
         torch.set_num_threads(1)
-        self.config, self.bus = config, bus
-        self.alg = make_algorithm(config.env_id, config.algorithm, bus.context.device,
+        self.config, self.node, self.bus = config, node, bus
+        self.alg = make_algorithm(config.env_id, config.algorithm, node.info.device,
                                   config.env_kwargs)
         self.params = bus.subscriber("params") if bus.subscribes("params") else None
         self.on_policy = self.alg.on_policy
@@ -75,24 +75,21 @@ class Unroller:
             self.alg.load_policy_state_dict(msg.params)
             self.epoch, self.version = msg.epoch, msg.version
             self.unrolls_at_version = 0
-            self.bus.status.update(version=self.version, epoch=self.epoch)
+            self.node.status.update(version=self.version, epoch=self.epoch)
 
     async def wait_for_params(self) -> None:
         """Wait for parameters newer than those we have; raise Stopping if the run ends."""
         have = (self.epoch, self.version)
         while (self.epoch, self.version) <= have:
-            recv = asyncio.ensure_future(self.params.recv())
-            stop = asyncio.ensure_future(self.bus.stopping.wait())
-            done, _ = await asyncio.wait({recv, stop}, timeout=self.config.params_timeout_s,
-                                         return_when=asyncio.FIRST_COMPLETED)
-            stop.cancel()
-            if recv not in done:
-                recv.cancel()
-                if self.bus.stopping.is_set():
-                    raise Stopping
+            try:
+                envelope = await self.node.wait_or_stop(self.params.recv(),
+                                                        timeout=self.config.params_timeout_s)
+            except TimeoutError:
                 raise TimeoutError(f"no parameters newer than version {have[1]} within "
-                                   f"{self.config.params_timeout_s:.0f}s")
-            self.load_params(recv.result())
+                                   f"{self.config.params_timeout_s:.0f}s") from None
+            if envelope is None:
+                raise Stopping
+            self.load_params(envelope)
 
     def refresh_params(self) -> None:
         if self.params is None:
@@ -113,7 +110,7 @@ class Unroller:
         action = to_numpy(alg_step.output)
         info = to_numpy(dict(alg_step.info or {}))
         self.env_steps += int(sum(sizes))
-        self.bus.status["env_steps"] = self.env_steps
+        self.node.status["env_steps"] = self.env_steps
         bounds = np.cumsum([0, *sizes])
         for i, request in enumerate(requests):
             lo, hi = bounds[i], bounds[i + 1]
@@ -144,9 +141,10 @@ class Unroller:
         self.env_steps = int(state["env_steps"])
 
 
-async def run(config: Config, bus, ready) -> dict:
-    unroller = Unroller(config, bus)
-    restore_from_checkpoint(unroller, "unroller", bus.context.resume)
+async def run(config: Config, node, ready) -> dict:
+    bus = node.bus
+    unroller = Unroller(config, node)
+    restore_from_checkpoint(unroller, "unroller", node.info.resume)
     server = bus.server("policy")
     try:
         if not isinstance(unroller.alg, RandomPolicy):
@@ -164,17 +162,13 @@ async def run(config: Config, bus, ready) -> dict:
     state_task = start_state_server(bus, "unroller_state", "unroller", unroller, flush_if_final)
     tasks = [state_task] if state_task else []
     try:
-        stop = asyncio.ensure_future(bus.stopping.wait())
         while True:
             first = server.recv_nowait()
             if first is None:  # nothing waiting: sleep until a request comes or the run stops
-                nxt = asyncio.ensure_future(server.recv())
-                done, _ = await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
-                if nxt not in done:
-                    nxt.cancel()
+                first = await node.wait_or_stop(server.recv())
+                if first is None:
                     break
-                first = nxt.result()
-            elif stop.done():
+            elif node.stopping.is_set():
                 break
             requests = [first]
             while len(requests) < config.max_batch_requests and \
