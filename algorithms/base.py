@@ -48,7 +48,8 @@ class RLAlgorithm(nn.Module):
                  encoder: str = "mlp", image_layout: str = "auto", data_transformers=()):
         """``encoder``/``image_layout``: the observation encoder of every network (see
         :mod:`algorithms.encoders`). ``data_transformers``: transformer configs
-        (:mod:`algorithms.configs`) or built ``DataTransformer`` modules, applied in order."""
+        (:mod:`algorithms.configs`, or their ``{name: ...}`` mappings) or built
+        ``DataTransformer`` modules, applied in order."""
         super().__init__()
         self.observation_space = observation_space
         self.action_space = action_space
@@ -59,6 +60,10 @@ class RLAlgorithm(nn.Module):
         self.net_kwargs = {"encoder": encoder, "image_layout": image_layout}
         self.data_transformer: SequentialDataTransformer | None = None
         if data_transformers:
+            if any(isinstance(t, dict) for t in data_transformers):  # the keyword form
+                from algorithms.configs import parse_transformers
+
+                data_transformers = parse_transformers(list(data_transformers))
             built = [t for t in data_transformers if isinstance(t, nn.Module)]
             if built and len(built) != len(data_transformers):
                 raise TypeError("data_transformers: give all configs or all modules")

@@ -235,3 +235,28 @@ def test_frame_stacker_in_an_algorithm():
     exp = alg._experience(batch)
     assert exp.observation.shape == (B, 2, 6, 6, 3) and exp.observation.dtype == torch.uint8
     assert np.isfinite(alg.train_on(batch).metrics["loss/total"])
+
+
+@pytest.mark.parametrize("name", ["ppo", "a2c"])
+def test_on_policy_unrolls_keep_every_row(name):
+    alg = _alg(name, [{"name": "observation_normalizer"}, {"name": "frame_stacker",
+                                                           "stack_size": 2}],
+               actor_fc_layer_params=[4], value_fc_layer_params=[4])
+    assert alg.input_space.shape == (6,)
+    T, B = 5, 3
+    rng = np.random.default_rng(4)
+    st = np.full((T, B), M)
+    st[0] = F
+    unroll = Experience(step_type=st, reward=np.ones((T, B), np.float32),
+                        discount=np.ones((T, B), np.float32),
+                        observation=rng.standard_normal((T, B, 3)).astype(np.float32),
+                        action=rng.integers(0, 2, (T, B)),
+                        rollout_info={"log_prob": np.full((T, B), -0.7, np.float32),
+                                      "value": np.zeros((T, B), np.float32)})
+    exp = alg._experience(unroll)
+    assert exp.observation.shape == (T, B, 6) and exp.step_type.shape == (T, B)
+    # Row 1 stacks rows 0 and 1 of the same env (normalized with the updated statistics).
+    norm = alg.data_transformer.transformers[0].normalize
+    torch.testing.assert_close(exp.observation[1, 2], torch.cat(
+        [norm(unroll.observation[0, 2:3])[0], norm(unroll.observation[1, 2:3])[0]]))
+    assert np.isfinite(alg.train_on(unroll).metrics["loss/total"])
