@@ -16,11 +16,10 @@ from nodes._algorithm_config import AlgorithmConfig  # noqa: F401  (nodes import
 
 
 def env_spaces(env_id: str, env_kwargs: dict | None = None) -> tuple[gym.Space, gym.Space]:
-    env = gym.make(env_id, **(env_kwargs or {}))
-    try:
-        return env.observation_space, env.action_space
-    finally:
-        env.close()
+    """The spaces of the env the runners step (Atari: the preprocessed frame)."""
+    from algorithms.envs import env_spaces as spaces
+
+    return spaces(env_id, env_kwargs)
 
 
 class RandomPolicy:
