@@ -29,7 +29,7 @@ class TimeStep(NamedTuple):
     reward: reward of the transition that arrived here (0 on FIRST), float32.
     discount: 0 on termination, 1 otherwise (truncation keeps 1), float32.
     observation: the env's observation (the final observation on LAST), in the env's dtype:
-        uint8 images stay uint8 (bool becomes uint8), float vectors are float32.
+        uint8 (and bool) images stay as they are, float vectors are float32.
     prev_action: the action that led here.
     env_id: int index of each environment.
     """
@@ -61,17 +61,16 @@ def make_vector_env(env_id: str, num_envs: int, seed: int | None = None,
 
 
 def observation_array(obs: np.ndarray) -> np.ndarray:
-    """The observation as the pipeline carries it: images keep their uint8 (a bool image is
-    viewed as uint8, no copy), floats become float32, other integers float32 as before.
+    """The observation as the pipeline carries it: uint8 images stay uint8 (0-255 pixels) and
+    bool images stay bool (both one byte; the networks scale them, uint8 by 1/255, bool as 0/1),
+    floats become float32, other integers float32 as before.
 
     Never a float copy of an image: 84x84 frames as float32 would be 4x the bytes on the wire
-    and in replay; networks scale uint8 themselves."""
+    and in replay."""
     obs = np.asarray(obs)
-    if obs.dtype == np.uint8:
+    if obs.dtype in (np.uint8, np.bool_, np.float32):
         return obs
-    if obs.dtype == np.bool_:
-        return obs.view(np.uint8)
-    return obs if obs.dtype == np.float32 else obs.astype(np.float32)
+    return obs.astype(np.float32)
 
 
 class VectorEnvStepper:

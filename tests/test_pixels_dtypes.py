@@ -47,7 +47,7 @@ gym.register("ConduitTest/Float64Vector-v0", entry_point=_Float64Vector)
 
 CASES = [("CartPole-v1", np.float32, (4,)),
          ("ConduitTest/Float64Vector-v0", np.float32, (3,)),
-         ("ConduitTest/BoolImages-v0", np.uint8, (2, 3, 3)),
+         ("ConduitTest/BoolImages-v0", np.bool_, (2, 3, 3)),
          pytest.param("MinAtar/Breakout-v1", np.uint8, (4, 10, 10), marks=pytest.mark.skipif(
              not minatar.installed(), reason="needs the [minatar] extra")),
          pytest.param("ALE/Breakout-v5", np.uint8, (1, 84, 84), marks=pytest.mark.skipif(
@@ -106,9 +106,10 @@ run:
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("env_id,dtype,shape", CASES[2:])
-def test_runner_sends_each_frame_once_as_uint8(tmp_path, env_id, dtype, shape):
+def test_runner_sends_each_frame_once_in_its_dtype(tmp_path, env_id, dtype, shape):
     graph = graphlib.parse(GRAPH.format(env_id=env_id), "pixels_hop.yaml")
     summaries = asyncio.run(asyncio.wait_for(run_graph(graph, str(tmp_path)), 60))
-    # One [num_envs, *frame] uint8 array per request: no float copy, no stacked frames.
-    assert summaries["policy.0"]["observations"] == [f"uint8{[2, *shape]}"]
+    # One [num_envs, *frame] array per request in the env's byte dtype: no float copy, no
+    # stacked frames.
+    assert summaries["policy.0"]["observations"] == [f"{np.dtype(dtype)}{[2, *shape]}"]
     assert summaries["env_runner.0"]["steps"] == 40

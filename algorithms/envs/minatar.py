@@ -2,9 +2,9 @@
 
 Ids are ``MinAtar/<Game>-v0`` (all six actions) and ``MinAtar/<Game>-v1`` (the game's minimal
 action set), the ids the ``minatar`` package registers. Observations are ``[C, 10, 10]`` uint8,
-one channel per object kind with values 0/1 (the package's bool ``[10, 10, C]`` state, put
-channels first for torch convolutions); the observation space says ``high=1`` so a network that
-scales by the space's range sees 0/1.
+one channel per object kind with values 0 or 255 (the package's bool ``[10, 10, C]`` state, put
+channels first for torch convolutions): uint8 images are 0-255 pixels everywhere, so the
+networks' one scaling (x / 255) gives MinAtar's 0/1.
 
 The games' own modules are loaded straight from the installed package, without its
 ``__init__``: that imports matplotlib's pyplot and seaborn for rendering (2.4 s of CPU here, paid
@@ -90,7 +90,7 @@ class MinAtarVectorEnv(gym.vector.VectorEnv):
         self.opts = opts
         self.num_envs = num_envs
         h, w, c = self.games[0].state_shape()
-        self.single_observation_space = gym.spaces.Box(0, 1, (c, h, w), np.uint8)
+        self.single_observation_space = gym.spaces.Box(0, 255, (c, h, w), np.uint8)
         self.single_action_space = gym.spaces.Discrete(len(self.action_set))
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space,
                                                               num_envs)
@@ -102,7 +102,8 @@ class MinAtarVectorEnv(gym.vector.VectorEnv):
         self._needs_reset = np.zeros(num_envs, bool)
 
     def _observe(self) -> np.ndarray:
-        return np.stack([g.state() for g in self.games]).transpose(0, 3, 1, 2).astype(np.uint8)
+        state = np.stack([g.state() for g in self.games]).transpose(0, 3, 1, 2)
+        return state.astype(np.uint8) * np.uint8(255)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         if seed is not None:
