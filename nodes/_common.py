@@ -66,7 +66,12 @@ def make_algorithm(env_id: str, algorithm: dict, device: str, env_kwargs: dict |
     obs_space, action_space = env_spaces(env_id, env_kwargs)
     if name == "random":
         return RandomPolicy(action_space, **spec)
-    return algorithms.make(name, obs_space, action_space, device=resolve_device(device), **spec)
+    from algorithms import configs
+
+    # The typed config carries data transformer configs (a frame stacker) that the keyword
+    # form of ``algorithms.make`` cannot take.
+    return algorithms.make(configs.parse(dict(algorithm)), obs_space, action_space,
+                           device=resolve_device(device))
 
 
 def resolve_device(device: str) -> str:
