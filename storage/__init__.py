@@ -8,6 +8,7 @@ Nothing here knows about ZeroMQ.
 """
 
 from storage.allocator import MemoryAllocator, MmapAllocator
+from storage.backend import Backend, select_backend
 from storage.controls import (
     BufferControl,
     MaxStaleness,
@@ -32,6 +33,7 @@ from storage.segment_tree import (
 )
 
 __all__ = [
+    "Backend",
     "BatchInfo",
     "BufferControl",
     "ERE",
@@ -59,4 +61,5 @@ __all__ = [
     "ThroughputMonitor",
     "available_backends",
     "nstep_returns",
+    "select_backend",
 ]
