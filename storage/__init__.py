@@ -7,7 +7,7 @@ segment trees live there), ``EpisodeIndex`` (episode bookkeeping), ``BufferContr
 Nothing here knows about ZeroMQ.
 """
 
-from storage.allocator import MemoryAllocator, MmapAllocator
+from storage.allocator import MemoryAllocator, MmapAllocator, StorageLocked
 from storage.backend import Backend, select_backend
 from storage.controls import (
     BufferControl,
@@ -56,6 +56,7 @@ __all__ = [
     "SlotInfo",
     "SlotSampler",
     "StepType",
+    "StorageLocked",
     "SumSegmentTree",
     "TensorSpec",
     "ThroughputMonitor",

@@ -21,11 +21,12 @@ FULL = -3
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def claim(env_ids, current_pos, current_size, max_length, blocking, positions, slots):
     """The next position of each environment into ``positions`` (and its slot
-    ``env * max_length + pos % max_length`` into ``slots``); the cursors do not move.
+    ``env * max_length + pos % max_length`` into ``slots``). ``current_pos`` does not
+    move; a full ring drops its oldest step (whose slot is claimed) from ``current_size``.
 
-    Returns how many of the claimed slots hold a step (to be overwritten), or
-    ``BAD_ENV`` (an id out of range), ``DUPLICATE_ENV`` (an id twice), ``FULL``
-    (``blocking`` and a ring is full).
+    Returns how many of the claimed slots held a step (to be overwritten), or, with
+    nothing changed, ``BAD_ENV`` (an id out of range), ``DUPLICATE_ENV`` (an id twice),
+    ``FULL`` (``blocking`` and a ring is full).
     """
     n = env_ids.shape[0]
     num_envs = current_pos.shape[0]
@@ -45,6 +46,10 @@ def claim(env_ids, current_pos, current_size, max_length, blocking, positions, s
         pos = current_pos[env]
         positions[j] = pos
         slots[j] = env * max_length + pos % max_length
+    for j in range(n):
+        env = env_ids[j]
+        if current_size[env] >= max_length:
+            current_size[env] -= 1
     return overwritten
 
 
@@ -54,5 +59,4 @@ def commit(env_ids, current_pos, current_size, max_length):
     for j in range(env_ids.shape[0]):
         env = env_ids[j]
         current_pos[env] += 1
-        if current_size[env] < max_length:
-            current_size[env] += 1
+        current_size[env] += 1

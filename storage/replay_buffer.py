@@ -245,6 +245,11 @@ class RingBuffer:
         """Push memory-mapped pages to disk (no-op in memory)."""
         self._allocator.flush()
 
+    def close(self) -> None:
+        """Release a memory-mapped ``storage_dir`` for another writer (flushes first)."""
+        self._allocator.flush()
+        self._allocator.close()
+
 
 class ReplayBuffer(RingBuffer):
     """ALF's replay buffer (see the module docstring for where it deliberately differs).

@@ -120,11 +120,13 @@ class RingStorage:
 class RingWriter:
     """Which slot is written next: per-environment ``current_pos``/``current_size``.
 
-    An append is ``claim`` (positions and slots, cursors untouched), then the caller
-    writes the slots' data, then ``commit`` (cursors advance). In that order a process
-    killed mid-append leaves the cursors where they were: with memory-mapped storage
-    the re-attached buffer never counts a slot whose data was not written. This is the
-    reference (torch) writer; ``FusedRingWriter`` runs the same on numba.
+    An append is ``claim`` (positions and slots; a full ring first stops counting the
+    oldest step, whose slot is about to be overwritten), then the caller writes the
+    slots' data, then ``commit`` (``current_pos`` and ``current_size`` advance). In that
+    order a process killed mid-append leaves no counted step whose slot holds other
+    data: with memory-mapped storage the re-attached buffer has lost at most the oldest
+    step of a full ring, and never shows a half-written one. This is the reference
+    (torch) writer; ``FusedRingWriter`` runs the same on numba.
     """
 
     def __init__(self, num_envs: int, max_length: int, allocator=None):
@@ -145,7 +147,7 @@ class RingWriter:
 
     def claim(self, env_ids, batch_size: int, blocking: bool) -> Claim:
         """The next position of each of ``env_ids`` (None: every environment, in order)
-        for a batch of ``batch_size`` steps; the cursors do not move until ``commit``.
+        for a batch of ``batch_size`` steps; ``current_pos`` moves at ``commit``.
 
         Raises ``ValueError`` for ids out of range, repeated or not matching the batch,
         and ``RuntimeError`` for ``blocking`` on a full ring (nothing dequeues
@@ -158,15 +160,14 @@ class RingWriter:
         if blocking and bool(full.any()):
             raise RuntimeError(FULL_RING)
         pos = self.current_pos[env_ids].clone()
+        self.current_size[env_ids] -= full.to(torch.int64)  # the oldest step's slot is claimed
         return Claim(env_ids, pos, self.slots(env_ids, pos), int(full.sum()))
 
     def commit(self, claim: Claim) -> None:
         """Advance the cursors over the claimed steps, whose data is written now."""
         env_ids = claim.env_ids
         self.current_pos[env_ids] = claim.positions + 1
-        self.current_size[env_ids] = torch.clamp(
-            self.current_size[env_ids] + 1, max=self.max_length
-        )
+        self.current_size[env_ids] += 1
 
     def _env_ids(self, env_ids, batch_size: int) -> torch.Tensor:
         device = self.current_pos.device

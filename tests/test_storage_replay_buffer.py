@@ -342,14 +342,14 @@ def test_memory_mapped_storage_reattaches(tmp_path):
     rb = ReplayBuffer(SPEC, 2, 8, **kwargs)
     fill(rb, 11)
     rb.update_priority(torch.tensor([1]), torch.tensor([9]), torch.tensor([40.0]))
-    rb.flush()
-    del rb
+    rb.close()  # releases the directory's lock, as a dying process does
     again = ReplayBuffer(SPEC, 2, 8, **kwargs)
     assert again.reattached
     assert again.writer.current_pos.tolist() == [11, 11]
     data, _ = again.gather_all()
     assert data.observation[1, :, 1].tolist() == [float(t) for t in range(3, 11)]
     assert again.sampler.sum_tree.total() == pytest.approx(15 + 40.0)
+    again.close()
     with pytest.raises(ValueError):
         ReplayBuffer(SPEC, 2, 16, **kwargs)  # a different buffer on the same files
 
