@@ -10,6 +10,7 @@ Nothing here knows about ZeroMQ.
 from storage.allocator import MemoryAllocator, MmapAllocator, StorageLocked
 from storage.backend import Backend, select_backend
 from storage.controls import (
+    BetaSchedule,
     BufferControl,
     MaxStaleness,
     MaxUse,
@@ -23,7 +24,7 @@ from storage.nest import StepType, TensorSpec
 from storage.nstep import NStepResult, nstep_returns
 from storage.replay_buffer import BatchInfo, ReplayBuffer, RingBuffer, SlotInfo
 from storage.ring import RingStorage, RingWriter
-from storage.sampler import PER, SlotSampler
+from storage.sampler import PER, NothingToSample, SlotSampler
 from storage.segment_tree import (
     MaxSegmentTree,
     MinSegmentTree,
@@ -34,6 +35,7 @@ from storage.segment_tree import (
 
 __all__ = [
     "Backend",
+    "BetaSchedule",
     "BatchInfo",
     "BufferControl",
     "ERE",
@@ -46,6 +48,7 @@ __all__ = [
     "MinSegmentTree",
     "MmapAllocator",
     "NStepResult",
+    "NothingToSample",
     "PER",
     "ReplayBuffer",
     "RingBuffer",

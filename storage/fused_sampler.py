@@ -163,7 +163,7 @@ class FusedSlotSampler(SlotSampler):
         if not self.prioritized:
             return torch.ones(slots.shape, dtype=torch.float32)
         out = np.empty(slots.shape[0], dtype=np.float32)
-        beta = self.per.beta
+        beta = self.beta
         _sampler_kernels.importance_weights(
             _host_vector(slots, _INDEX_DTYPES),
             self._sum_values,

@@ -34,6 +34,11 @@ from storage.segment_tree import MaxSegmentTree, MinSegmentTree, SumSegmentTree
 ONE_MINUS = 1.0 - torch.finfo(torch.float32).eps
 
 
+class NothingToSample(ValueError):
+    """No slot may start a sequence now (too little data, or all of it evicted): a
+    caller that can wait for more data should."""
+
+
 @dataclass(frozen=True)
 class PER:
     """Proportional prioritization (Schaul et al.; pytorchrl's PERBuffer).
@@ -67,6 +72,7 @@ class SlotSampler:
         self.writer = writer
         self.prioritized = prioritized
         self.per = per or PER()
+        self.beta = self.per.beta  # the current IS exponent (a BetaSchedule moves it)
         self.device = torch.device(device)
         self._initial_priority = float(initial_priority)
         self.num_earliest_frames_ignored = int(num_earliest_frames_ignored)
@@ -190,6 +196,12 @@ class SlotSampler:
             self._params_changed()
             self.rebuild()
 
+    def set_beta(self, beta: float) -> None:
+        """Change the IS exponent (needs a ``PER`` built with a ``beta``: the min tree)."""
+        if self.min_tree is None:
+            raise ValueError("set_beta needs prioritized sampling with PER(beta=...)")
+        self.beta = float(beta)
+
     # ----------------------------------------------------------------- events
     def on_write(self, env_ids, pos) -> None:
         """New steps at (env, pos): fresh priority, and the starts whose validity moved."""
@@ -269,7 +281,7 @@ class SlotSampler:
         if n == 0:
             return torch.zeros(0, dtype=torch.int64, device=self.device)
         if not total > 0:
-            raise ValueError(
+            raise NothingToSample(
                 "nothing to sample: no environment holds a full sequence of "
                 f"batch_length={self.batch_length} steps"
             )
@@ -307,7 +319,7 @@ class SlotSampler:
         cumulative = torch.cumsum(mass, 0)
         window_total = float(cumulative[-1])
         if not window_total > 0:
-            raise ValueError("nothing to sample in the requested window")
+            raise NothingToSample("nothing to sample in the requested window")
         out = torch.empty(n, dtype=torch.int64, device=self.device)
         todo = torch.arange(n, device=self.device)
         for _ in range(8):
@@ -341,10 +353,10 @@ class SlotSampler:
         nnz = self.sum_tree.nnz
         leaf = self.sum_tree.leaves()[slots]  # slots came from this tree: no range check
         ratio = leaf * (nnz / total)
-        if self.per.beta is None:
+        if self.beta is None:
             return ratio.to(torch.float32)
         smallest = self.min_tree.total() * (nnz / total)
-        return ((ratio / smallest) ** (-self.per.beta)).to(torch.float32)
+        return ((ratio / smallest) ** (-self.beta)).to(torch.float32)
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict:
