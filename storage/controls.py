@@ -110,14 +110,23 @@ class SampleStatistics(BufferControl):
     """Use count and staleness of the data each sample drew (DI-engine's attr monitor).
 
     After every ``get_batch``, ``last`` holds the mean/max use count (counting this
-    draw) and, when a learner iteration was given, the mean/max staleness.
+    draw), the largest use count a drawn slot had before this draw (``use_before_max``:
+    below ``max_use`` when ``MaxUse`` works; a slot may be drawn more than once in one
+    draw when few are valid) and, when a learner iteration was given, the mean/max
+    staleness.
     """
 
     last: dict = field(default_factory=dict)
 
     def on_sample(self, buffer, slots, learner_iter) -> None:
         uses = buffer.slot_info.use_count[slots].to(torch.float64)
-        stats = {"use_mean": float(uses.mean()), "use_max": float(uses.max())}
+        distinct, drawn = torch.unique(slots, return_counts=True)
+        before = buffer.slot_info.use_count[distinct] - drawn
+        stats = {
+            "use_mean": float(uses.mean()),
+            "use_max": float(uses.max()),
+            "use_before_max": float(before.max()),
+        }
         if learner_iter is not None:
             stale = (learner_iter - buffer.slot_info.version[slots]).to(torch.float64)
             stats.update(staleness_mean=float(stale.mean()), staleness_max=float(stale.max()))
