@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from storage.allocator import MemoryAllocator, MmapAllocator
@@ -392,7 +393,8 @@ class ReplayBuffer(RingBuffer):
             )
         self.writer.commit(claim)
         self.sampler.on_write(claim.env_ids, claim.positions)
-        pos = torch.as_tensor(claim.positions)
+        pos = claim.positions
+        pos = torch.from_numpy(pos) if isinstance(pos, np.ndarray) else pos
         if not self.controls:
             return pos
         env_ids, overwritten = torch.as_tensor(claim.env_ids), claim.overwritten
@@ -585,7 +587,13 @@ class ReplayBuffer(RingBuffer):
 
 
 def _batch_size(batch) -> int:
-    sizes = {int(t.shape[0]) for t in leaves(batch)}
+    if type(batch) is dict:  # the flat dict the replay store writes: no nest walk
+        try:
+            sizes = {v.shape[0] for v in batch.values()}
+        except AttributeError:  # nested
+            sizes = {int(t.shape[0]) for t in leaves(batch)}
+    else:
+        sizes = {int(t.shape[0]) for t in leaves(batch)}
     if len(sizes) != 1:
         raise ValueError(f"every tensor of a batch needs the same leading size, got {sizes}")
     return sizes.pop()

@@ -53,6 +53,15 @@ class RingStorage:
             if self.device.type == "cpu"
             else None
         )
+        # A flat dict of fields (what the replay store keeps) is written key by key, without
+        # walking the nest (add_batch's largest cost was that walk).
+        self._host_items = (
+            list(self._host.items())
+            if self._host is not None
+            and isinstance(self._host, dict)
+            and all(isinstance(v, np.ndarray) for v in self._host.values())
+            else None
+        )
 
     def _make_field(self, spec, path):
         return self.allocator.tensor(
@@ -61,6 +70,11 @@ class RingStorage:
 
     def write_slots(self, slots, batch) -> None:
         """Store ``batch[i]`` at flat slot ``slots[i]`` (numpy on a CPU, else a tensor)."""
+        if self._host_items is not None and type(batch) is dict:
+            slots = host_array(slots)
+            for key, flat in self._host_items:
+                flat[slots] = host_array(batch[key])
+            return
         if self._host is not None:
             slots = host_array(slots)
 
