@@ -21,6 +21,14 @@ skipped with the reason). The last line is one JSON object with every time and t
 ratios peer / ours (above 1 means we are faster).
 
     python bench/replay.py [--capacities 17 20] [--batch 256] [--quick]
+
+``--memory STEPS`` instead reports the replay memory of STEPS Atari transitions (84x84 uint8
+frames stored once, stacks of 4 rebuilt at sample time, PER with a beta), as the replay store
+builds it: the arrays are allocated for real, memory-mapped in a scratch directory (new files
+are sparse, so nothing is written), and the report gives every file's size, the trees held in
+process memory, and what storing the stacks would cost instead.
+
+    python bench/replay.py --memory 1000000 [--scratch DIR]
 """
 
 from __future__ import annotations
@@ -279,13 +287,71 @@ PEER_FOR = {
 }
 
 
+def atari_memory(steps: int, scratch: str | None, num_envs: int = 8, k: int = 4) -> dict:
+    """Bytes of a replay buffer of ``steps`` Atari transitions, allocated memory-mapped."""
+    import shutil
+    import tempfile
+
+    from storage import PER
+    from storage.frame_stack import check_stackable
+
+    # One stored step as the unroller sends it for DQN on Atari (one new frame per step).
+    spec = {
+        "step_type": TensorSpec((), torch.int32),
+        "reward": TensorSpec((), torch.float32),
+        "discount": TensorSpec((), torch.float32),
+        "observation": TensorSpec((84, 84), torch.uint8),
+        "action": TensorSpec((), torch.int64),
+        "env_id": TensorSpec((), torch.int32),
+    }
+    directory = tempfile.mkdtemp(prefix="replay-memory-", dir=scratch)
+    try:
+        started = time.perf_counter()
+        rb = ReplayBuffer(spec, num_envs, steps // num_envs, num_earliest_frames_ignored=k - 1,
+                          keep_episodic_info=True, prioritized_sampling=True,
+                          per=PER(0.6, 0.4, 1e-6), storage_dir=directory)
+        check_stackable(rb, "observation", k)
+        built_s = time.perf_counter() - started
+        files = {n: os.path.getsize(os.path.join(directory, n)) for n in os.listdir(directory)
+                 if n.endswith(".bin")}
+        trees = [t for t in (rb.sampler.sum_tree, rb.sampler.max_tree, rb.sampler.min_tree)
+                 if t is not None]
+        tree_bytes = sum(t._values.numel() * t._values.element_size() for t in trees)
+        frames = files["data.observation.bin"]
+        total = sum(files.values()) + tree_bytes
+        rb.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    gib = 2**30
+    return {
+        "steps": num_envs * (steps // num_envs),
+        "frame_stack": k,
+        "mapped_files_bytes": files,
+        "frames_GiB": round(frames / gib, 3),
+        "other_arrays_GiB": round((sum(files.values()) - frames) / gib, 3),
+        "trees_in_memory_GiB": round(tree_bytes / gib, 3),
+        "total_GiB": round(total / gib, 3),
+        "stacks_stored_instead_GiB": round((total + (k - 1) * frames) / gib, 3),
+        "build_s": round(built_s, 2),
+    }
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--capacities", type=int, nargs="+", default=[17, 20], help="log2 sizes")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--quick", action="store_true", help="fewer calls (smoke run)")
+    parser.add_argument("--memory", type=int, metavar="STEPS",
+                        help="report the replay memory of STEPS Atari transitions instead")
+    parser.add_argument("--scratch", help="directory for --memory's mapped files (default: tmp)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.memory:
+        report = atari_memory(args.memory, args.scratch)
+        for name, value in report.items():
+            print(f"  {name:28s} {value}")
+        print(json.dumps(report))
+        return
     calls, rounds = (50, 2) if args.quick else (200, 15)
     report = {
         "batch": args.batch,

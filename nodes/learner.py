@@ -221,7 +221,7 @@ class Learner:
             async with asyncio.timeout(self.config.request_timeout_s):
                 await client._available.wait()
         size = self.config.mini_batch_size * self.config.batches_per_request
-        return client.submit(SampleRequest(size, length, self.iteration),
+        return client.submit(SampleRequest(size, length, self.iteration, self.version),
                              self.config.request_timeout_s)
 
     async def train_on_policy(self) -> None:
