@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nodes.messages import FINAL_CHECKPOINT, StateRequest
+from nodes.messages import FINAL_CHECKPOINT, StateReply, StateRequest
+from pipeline.ports import Ports, Service
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,11 @@ def prune(root: str, keep: int) -> None:
     done = sorted(d for d in os.listdir(root) if d.startswith("ckpt-"))
     for name in done[:-keep]:
         shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def PORTS(config: Config) -> Ports:  # noqa: N802 - the name the pipeline looks for
+    """It calls every state service in ``services`` (what the graph entry lists)."""
+    return Ports(calls={name: Service(StateRequest, StateReply) for name in config.services})
 
 
 async def run(config: Config, node, ready) -> dict:

@@ -19,9 +19,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nodes._algorithm_config import AlgorithmConfig
-from nodes.messages import Metrics
+from nodes._algorithm_config import validate as validate
+from nodes.messages import Metrics, Params
+from pipeline.ports import Port, Ports
 
 log = logging.getLogger(__name__)
+
+PORTS = Ports(subscribes={"params": Port(Params)}, publishes={"metrics": Port(Metrics)})
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ def _build_algorithm(config: Config, device: str):
     from nodes._common import make_algorithm
 
     torch.set_num_threads(1)
-    return make_algorithm(config.env_id, config.algorithm, device, config.env_kwargs)
+    return make_algorithm(config, device)
 
 
 def _evaluate(alg, config: Config):
@@ -55,6 +59,7 @@ async def run(config: Config, node, ready) -> dict:
     # Built at the first evaluation unless that is now. A bad algorithm config then shows at
     # that evaluation; the unroller and learner, which build the same algorithm, fail at start.
     alg = _build_algorithm(config, node.info.device) if config.eval_at_start else None
+    probes = None
     params = bus.subscriber("params")
     metrics = bus.publisher("metrics")
     ready()
@@ -71,6 +76,11 @@ async def run(config: Config, node, ready) -> dict:
         if alg is None:
             alg = await asyncio.to_thread(_build_algorithm, config, node.info.device)
         alg.load_policy_state_dict(msg.params)
+        if probes is None:
+            from nodes._common import ProbeLog  # torch is imported by now
+
+            probes = ProbeLog(node.status, config.probe_observation)
+        probes.record(alg, msg.version)
         mean_return, mean_length = await asyncio.to_thread(
             _evaluate, alg, config)
         evaluations += 1

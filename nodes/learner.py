@@ -33,15 +33,29 @@ from dataclasses import dataclass, field
 import torch
 
 from algorithms.data import Experience
+from nodes._algorithm_config import is_on_policy
+from nodes._algorithm_config import validate as validate
 from nodes._common import (
     AlgorithmConfig,
+    ProbeLog,
     as_torch,
     make_algorithm,
     restore_from_checkpoint,
     start_state_server,
     to_torch,
 )
-from nodes.messages import HANDOVER, Metrics, Params, Priorities, SampleRequest, StateRequest
+from nodes.messages import (
+    HANDOVER,
+    Metrics,
+    Params,
+    Priorities,
+    SampleBatch,
+    SampleRequest,
+    StateReply,
+    StateRequest,
+    Trajectory,
+)
+from pipeline.ports import Port, Ports, Service
 
 log = logging.getLogger(__name__)
 
@@ -69,14 +83,29 @@ class Config(AlgorithmConfig):
                "to be stopped before training again (the swap failed)"})
 
 
+def PORTS(config: Config) -> Ports:  # noqa: N802 - the name the pipeline looks for
+    """Off-policy it must call ``sample`` (and publish ``priorities`` when prioritized);
+    on-policy it must subscribe to ``trajectories``. ``calls: [learner_state]`` lets a
+    swapped-in learner take over the running one's state."""
+    state = Service(StateRequest, StateReply, required=False)
+    ports = Ports(publishes={"params": Port(Params), "metrics": Port(Metrics, required=False)},
+                  serves={"learner_state": state}, calls={"learner_state": state})
+    if is_on_policy(config):
+        ports.subscribes["trajectories"] = Port(Trajectory)
+    else:
+        ports.calls["sample"] = Service(SampleRequest, SampleBatch)
+        if config.prioritized:
+            ports.publishes["priorities"] = Port(Priorities)
+    return ports
+
+
 class Learner:
     def __init__(self, config: Config, node):
         bus = node.bus
         torch.manual_seed(config.seed)
         torch.set_num_threads(config.num_threads)
         self.config, self.node, self.bus = config, node, bus
-        self.alg = make_algorithm(config.env_id, config.algorithm, node.info.device,
-                                  config.env_kwargs)
+        self.alg = make_algorithm(config, node.info.device)
         self.params = bus.publisher("params")
         self.metrics = bus.publisher("metrics") if bus.publishes("metrics") else None
         self.version = 0
@@ -87,6 +116,7 @@ class Learner:
         self.iteration = 0
         self.env_steps = 0
         self.last_metrics: dict = {}
+        self.probe = ProbeLog(node.status, config.probe_observation)
         self._report_at = time.monotonic() + config.metrics_interval_s
         self._updates_at_report = 0
         # Where the learner's time goes between reports: training vs waiting for data.
@@ -96,6 +126,7 @@ class Learner:
     async def publish_params(self) -> None:
         await self.params.send(Params(self.version, self.env_steps,
                                       self.alg.policy_state_dict(), self.epoch))
+        self.probe.record(self.alg, self.version)
         self.node.status.update(version=self.version, epoch=self.epoch)
 
     async def after_update(self, metrics: dict) -> None:

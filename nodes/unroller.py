@@ -24,16 +24,28 @@ import numpy as np
 import torch
 
 from algorithms.data import TimeStep
+from nodes._algorithm_config import is_on_policy, is_random
+from nodes._algorithm_config import validate as validate
 from nodes._common import (
     AlgorithmConfig,
-    RandomPolicy,
+    ProbeLog,
     make_algorithm,
     restore_from_checkpoint,
     start_state_server,
     strip_empty,
     to_numpy,
 )
-from nodes.messages import FINAL_CHECKPOINT, ActionBatch, ExperienceBatch, Trajectory
+from nodes.messages import (
+    FINAL_CHECKPOINT,
+    ActionBatch,
+    ExperienceBatch,
+    Params,
+    StateReply,
+    StateRequest,
+    TimeStepBatch,
+    Trajectory,
+)
+from pipeline.ports import Port, Ports, Service
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +59,17 @@ class Config(AlgorithmConfig):
     params_timeout_s: float = field(default=300.0, metadata={"doc": "wait for parameters"})
 
 
+def PORTS(config: Config) -> Ports:  # noqa: N802 - the name the pipeline looks for
+    """It serves ``policy``; publishes ``trajectories`` on-policy, ``experience`` off-policy;
+    needs ``params`` unless the algorithm is ``random``."""
+    output = ({"trajectories": Port(Trajectory)} if is_on_policy(config) else
+              {"experience": Port(ExperienceBatch)})
+    return Ports(publishes=output,
+                 subscribes={"params": Port(Params, required=not is_random(config))},
+                 serves={"policy": Service(TimeStepBatch, ActionBatch),
+                         "unroller_state": Service(StateRequest, StateReply, required=False)})
+
+
 class Stopping(Exception):
     """The run is ending while the unroller waits for parameters."""
 
@@ -57,8 +80,7 @@ class Unroller:
         torch.manual_seed(config.seed)
         torch.set_num_threads(1)
         self.config, self.node, self.bus = config, node, bus
-        self.alg = make_algorithm(config.env_id, config.algorithm, node.info.device,
-                                  config.env_kwargs)
+        self.alg = make_algorithm(config, node.info.device)
         self.params = bus.subscriber("params") if bus.subscribes("params") else None
         self.on_policy = self.alg.on_policy
         self.output = bus.publisher("trajectories" if self.on_policy else "experience")
@@ -68,6 +90,7 @@ class Unroller:
         self.unrolls_at_version = 0
         self.rows: dict[str, list[dict]] = {}  # on-policy rows per runner
         self.states: dict[str, object] = {}
+        self.probe = ProbeLog(node.status, config.probe_observation)
 
     def load_params(self, envelope) -> None:
         msg = envelope.message
@@ -76,6 +99,7 @@ class Unroller:
             self.epoch, self.version = msg.epoch, msg.version
             self.unrolls_at_version = 0
             self.node.status.update(version=self.version, epoch=self.epoch)
+            self.probe.record(self.alg, self.version)
 
     async def wait_for_params(self) -> None:
         """Wait for parameters newer than those we have; raise Stopping if the run ends."""
@@ -147,7 +171,7 @@ async def run(config: Config, node, ready) -> dict:
     restore_from_checkpoint(unroller, "unroller", node.info.resume)
     server = bus.server("policy")
     try:
-        if not isinstance(unroller.alg, RandomPolicy):
+        if not is_random(config):
             await unroller.wait_for_params()
     except Stopping:
         return {"env_steps": unroller.env_steps, "version": unroller.version}
