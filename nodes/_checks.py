@@ -66,3 +66,22 @@ def prioritized_agrees(graph) -> None:
                     f"nodes.{name}.config.prioritized",
                     f"is {str(learner.prioritized).lower()} but replay_store {store!r} has "
                     f"prioritized_sampling: {str(replay).lower()}; set both the same")
+
+
+@register_graph_check
+def runners_fit_replay(graph) -> None:
+    """Replica ``r`` of an env runner numbers its envs from ``r * num_envs``: a replay store
+    that takes their experience must have that many environments. Checked at load and, by the
+    supervisor, before ``run.py scale`` starts a replica (a refusal changes nothing)."""
+    runners = [name for name in _nodes_of(graph, "env_runner")]
+    if not runners:
+        return
+    needed, widest = max((graph.nodes[n].replicas * graph.configs[n].num_envs, n)
+                         for n in runners)
+    for store in _nodes_of(graph, "replay_store"):
+        have = graph.configs[store].num_environments
+        if have < needed:
+            raise ConfigError(
+                f"nodes.{store}.config.num_environments",
+                f"is {have}, but {graph.nodes[widest].replicas} replicas of {widest!r} with "
+                f"num_envs {graph.configs[widest].num_envs} step {needed} environments")

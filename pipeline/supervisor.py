@@ -460,6 +460,7 @@ class Supervisor:
         watchers = self._watchers_of(node)
         if not isinstance(replicas, int) or replicas < 1:
             raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
+        _check_scaled(self.graph, node, replicas)  # refused before anything changes
         while len(watchers) < replicas:
             w = Watcher(self, node, len(watchers), watchers[0].kind, watchers[0].config)
             watchers.append(w)
@@ -608,3 +609,20 @@ def _write_json(path: str, data: dict) -> None:
 
 def _run_py() -> str:
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "run.py")
+
+
+def _check_scaled(graph: Graph, node: str, replicas: int) -> None:
+    """Run the graph-wide checks on the graph with ``node`` at ``replicas``: a scale that
+    cannot work (a replay store sized for fewer environments) is refused in one line."""
+    import dataclasses
+
+    from pipeline import kinds
+
+    spec = dataclasses.replace(graph.nodes[node], replicas=replicas)
+    scaled = dataclasses.replace(graph, nodes={**graph.nodes, node: spec})
+    for check in kinds.graph_checks():
+        try:
+            check(scaled)
+        except configlib.ConfigError as exc:
+            raise ValueError(f"scale of {node} to {replicas} refused: {exc.key}: "
+                             f"{exc.message}") from None
