@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from nodes._common import resolve_device, to_torch
+from nodes._common import resolve_device, restore_from_checkpoint, start_state_server, to_torch
 from nodes.messages import (
     ExperienceBatch,
     Metrics,
@@ -437,6 +437,11 @@ class ReplayStore:
         self.rejected_priorities += int((~applied).sum()) if isinstance(applied, torch.Tensor) \
             else 0
 
+    @property
+    def env_steps(self) -> int:
+        """Steps inserted: what its checkpoints are stamped with."""
+        return self.limiter.inserted
+
     def state(self) -> dict:
         return {"buffer": self.buffer.state_dict() if self.buffer is not None else None,
                 "spec": None if self.buffer is None else {
@@ -470,15 +475,11 @@ async def run(config: Config, node, ready) -> dict:
     if store.reattach():
         log.info("replay re-attached to %s: %d steps inserted", store.storage_dir,
                  store.limiter.inserted)
-    elif node.info.resume:
-        path = os.path.join(node.info.resume, "replay_store.pt")
-        if os.path.exists(path):
-            store.restore(torch.load(path, weights_only=True))
-            log.info("replay restored from %s: %d steps inserted", path, store.limiter.inserted)
+    else:
+        restore_from_checkpoint(store, "replay_store", node.info.resume)
     experience = bus.subscriber("experience")
     priorities = bus.subscriber("priorities") if bus.subscribes("priorities") else None
     sampler = bus.server("sample")
-    state_server = bus.server("replay_state") if bus.publishes("replay_state") else None
     metrics = bus.publisher("metrics") if bus.publishes("metrics") else None
     ready()
 
@@ -515,10 +516,6 @@ async def run(config: Config, node, ready) -> dict:
         async for envelope in priorities:
             store.update_priorities(envelope.message)
 
-    async def serve_state():
-        async for request in state_server:
-            await request.reply(StateReply("replay_store", store.limiter.inserted, store.state()))
-
     async def report():
         while True:
             await asyncio.sleep(config.metrics_interval_s)  # a reporting period
@@ -533,8 +530,9 @@ async def run(config: Config, node, ready) -> dict:
     helpers = [asyncio.ensure_future(serve_samples()), asyncio.ensure_future(wake_on_stop())]
     if priorities is not None:
         helpers.append(asyncio.ensure_future(apply_priorities()))
-    if state_server is not None:
-        helpers.append(asyncio.ensure_future(serve_state()))
+    state_task = start_state_server(bus, "replay_state", "replay_store", store)
+    if state_task is not None:
+        helpers.append(state_task)
     if metrics is not None:
         helpers.append(asyncio.ensure_future(report()))
     main = asyncio.ensure_future(ingest())
