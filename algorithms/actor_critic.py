@@ -45,13 +45,17 @@ class ActorCriticAlgorithm(RLAlgorithm):
                  use_td_lambda_return: bool = True, normalize_advantages: bool = False,
                  advantage_clip: float | None = None, entropy_regularization: float = 0.0,
                  td_loss_weight: float = 0.5, max_grad_norm: float | None = 0.5,
-                 init_std: float = 1.0, device="cpu"):
-        super().__init__(observation_space, action_space, device, max_grad_norm)
+                 init_std: float = 1.0, device="cpu", encoder: str = "mlp", image_layout: str = "auto",
+                 data_transformers=()):
+        super().__init__(observation_space, action_space, device, max_grad_norm,
+                         encoder=encoder, image_layout=image_layout,
+                         data_transformers=data_transformers)
         self.actor_network = ActorDistributionNetwork(
-            observation_space, action_space, actor_fc_layer_params, activation=nn.Tanh,
-            continuous_projection="normal", init_std=init_std, last_layer_scale=0.01)
-        self.value_network = ValueNetwork(observation_space, value_fc_layer_params,
-                                          activation=nn.Tanh)
+            self.input_space, action_space, actor_fc_layer_params, activation=nn.Tanh,
+            continuous_projection="normal", init_std=init_std, last_layer_scale=0.01,
+            **self.net_kwargs)
+        self.value_network = ValueNetwork(self.input_space, value_fc_layer_params,
+                                          activation=nn.Tanh, **self.net_kwargs)
         self.loss = ActorCriticLoss(gamma=gamma, use_gae=use_gae, td_lambda=td_lambda,
                                     use_td_lambda_return=use_td_lambda_return,
                                     normalize_advantages=normalize_advantages,
@@ -63,12 +67,12 @@ class ActorCriticAlgorithm(RLAlgorithm):
 
     @torch.no_grad()
     def predict_step(self, time_step: TimeStep, state=()) -> AlgStep:
-        dist = self.actor_network(self._obs(time_step.observation))
+        dist = self.actor_network(self._policy_input(time_step))
         return AlgStep(output=distribution_mode(dist), state=state, info={})
 
     @torch.no_grad()
     def rollout_step(self, time_step: TimeStep, state=()) -> AlgStep:
-        obs = self._obs(time_step.observation)
+        obs = self._policy_input(time_step)
         self.rollout_env_steps += obs.shape[0]
         return AlgStep(output=self.actor_network(obs).sample(), state=state, info={})
 

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from algorithms.data import AlgStep, Experience, LossInfo, TimeStep, TrainResult, to_tensor
+from algorithms.data_transformer import SequentialDataTransformer, from_configs
 from algorithms.losses import importance_weighted_mean
 
 
@@ -43,13 +44,40 @@ class RLAlgorithm(nn.Module):
     _policy_modules: tuple[str, ...] = ()
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space,
-                 device: str | torch.device = "cpu", max_grad_norm: float | None = None):
+                 device: str | torch.device = "cpu", max_grad_norm: float | None = None, *,
+                 encoder: str = "mlp", image_layout: str = "auto", data_transformers=()):
+        """``encoder``/``image_layout``: the observation encoder of every network (see
+        :mod:`algorithms.encoders`). ``data_transformers``: transformer configs
+        (:mod:`algorithms.configs`, or their ``{name: ...}`` mappings) or built
+        ``DataTransformer`` modules, applied in order."""
         super().__init__()
         self.observation_space = observation_space
         self.action_space = action_space
         self.device = torch.device(device)
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.max_grad_norm = max_grad_norm
+        # Keyword arguments every network of the algorithm takes.
+        self.net_kwargs = {"encoder": encoder, "image_layout": image_layout}
+        self.data_transformer: SequentialDataTransformer | None = None
+        if data_transformers:
+            if any(isinstance(t, dict) for t in data_transformers):  # the keyword form
+                from algorithms.configs import parse_transformers
+
+                data_transformers = parse_transformers(list(data_transformers))
+            built = [t for t in data_transformers if isinstance(t, nn.Module)]
+            if built and len(built) != len(data_transformers):
+                raise TypeError("data_transformers: give all configs or all modules")
+            self.data_transformer = (
+                SequentialDataTransformer(built) if built else
+                from_configs(data_transformers, observation_space, image_layout,
+                             time_major=self.on_policy))
+        # What the networks see: the observation after the transformers (a frame stack is
+        # wider, a normalized observation is float).
+        self.input_space = (self.data_transformer.transformed_space(observation_space)
+                            if self.data_transformer is not None else observation_space)
+        # Rows of a replay window that only give a frame stack its history.
+        self.history_length = (self.data_transformer.history_length
+                               if self.data_transformer is not None else 0)
         # Counters are buffers so they travel with state_dict() / checkpoints.
         self.register_buffer("train_steps", torch.zeros((), dtype=torch.int64))
         self.register_buffer("rollout_env_steps", torch.zeros((), dtype=torch.int64))
@@ -74,13 +102,42 @@ class RLAlgorithm(nn.Module):
 
     # ----- input conversion -----------------------------------------------------------------
     def _obs(self, x) -> torch.Tensor:
-        return to_tensor(x, self.device, torch.float32)
+        """Observations on ``self.device``; uint8 and bool images stay as they are (the
+        network's encoder scales them), other dtypes become float32."""
+        t = to_tensor(x, self.device)
+        if t.dtype in (torch.uint8, torch.bool, torch.float32):
+            return t
+        return t.to(torch.float32)
+
+    def transform_timestep(self, time_step: TimeStep, state=()) -> tuple[TimeStep, Any]:
+        """The policy's view of a raw time step: tensors on ``self.device`` with the data
+        transformers applied (statistics are not updated here). ``state``: the transformers'
+        state, or ``()`` (a frame stacker then keeps the history per ``env_id``)."""
+        ts = TimeStep(*(v if isinstance(v, tuple) and v == () else to_tensor(v, self.device)
+                        for v in time_step))
+        ts = ts._replace(observation=self._obs(ts.observation))
+        if self.data_transformer is None:
+            return ts, state
+        return self.data_transformer.transform_timestep(ts, state)
+
+    def _policy_input(self, time_step: TimeStep) -> torch.Tensor:
+        """The observation ``predict_step``/``rollout_step`` feed to the networks."""
+        if self.data_transformer is None:
+            return self._obs(time_step.observation)
+        return self.transform_timestep(time_step, ())[0].observation
 
     def _action_in(self, x) -> torch.Tensor:
         return to_tensor(x, self.device, torch.int64 if self.discrete else torch.float32)
 
     def _experience(self, exp: Experience) -> Experience:
-        """Wire arrays -> tensors on ``self.device`` with the dtypes the losses expect."""
+        """Wire arrays -> tensors on ``self.device`` with the dtypes the losses expect, then
+        the data transformers (which update their statistics here: training data only)."""
+        exp = self._experience_tensors(exp)
+        if self.data_transformer is not None:
+            exp = self.data_transformer.transform_experience(exp)
+        return exp
+
+    def _experience_tensors(self, exp: Experience) -> Experience:
         return Experience(
             step_type=to_tensor(exp.step_type, self.device, torch.int64),
             reward=to_tensor(exp.reward, self.device, torch.float32),
@@ -152,17 +209,24 @@ class RLAlgorithm(nn.Module):
         return TrainResult(metrics, prio.detach().cpu() if isinstance(prio, torch.Tensor) else None)
 
     # ----- parameters and checkpoints -------------------------------------------------------
+    def _policy_module_names(self) -> tuple[str, ...]:
+        if self.data_transformer is None:
+            return self._policy_modules
+        return (*self._policy_modules, "data_transformer")
+
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
-        """Flat ``{name: CPU tensor}`` of what ``predict_step``/``rollout_step`` need."""
+        """Flat ``{name: CPU tensor}`` of what ``predict_step``/``rollout_step`` need: the
+        policy networks and the data transformers' statistics (``data_transformer.*``), so
+        both travel together at one parameter version."""
         out = {}
-        for name in self._policy_modules:
+        for name in self._policy_module_names():
             for k, v in getattr(self, name).state_dict().items():
                 out[f"{name}.{k}"] = v.detach().to("cpu", copy=True)
         return out
 
     def load_policy_state_dict(self, d: dict[str, Any]) -> None:
         """Load what ``policy_state_dict`` exported (tensors or numpy arrays)."""
-        for name in self._policy_modules:
+        for name in self._policy_module_names():
             prefix = f"{name}."
             sub = {k[len(prefix):]: to_tensor(v) for k, v in d.items() if k.startswith(prefix)}
             getattr(self, name).load_state_dict(sub)

@@ -11,16 +11,35 @@ Where they run (ALF's split):
 Statistics (normalizers) update in one place, chosen by ``update_mode``: ``"rollout"`` (in
 ``transform_timestep``) or ``"replay"`` (in ``transform_experience``). Statistics are buffers, so
 ``state_dict()`` checkpoints them and the learner can ship them to unrollers with the policy.
+
+An algorithm built from a config (:func:`from_configs`) always uses ``"replay"``: the learner
+updates the statistics on its training data and ships them with the parameters (same version);
+the unroller and evaluator only apply them. Tensors keep their device; numpy input becomes a CPU
+tensor.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import gymnasium as gym
+import numpy as np
 import torch
 from torch import nn
 
 from algorithms.data import Experience, StepType, TimeStep, to_tensor
+from algorithms.encoders import channel_axis, image_layout
+
+
+def _t(x, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A tensor of ``x`` on its own device (numpy -> CPU)."""
+    if isinstance(x, torch.Tensor):
+        return x if dtype is None or x.dtype == dtype else x.to(dtype)
+    return to_tensor(x, "cpu", dtype)
+
+
+def _float_space(space: gym.Space) -> gym.Space:
+    return gym.spaces.Box(-np.inf, np.inf, space.shape, np.float32)
 
 
 class DataTransformer(nn.Module):
@@ -34,6 +53,10 @@ class DataTransformer(nn.Module):
 
     def transform_experience(self, experience: Experience) -> Experience:
         return experience
+
+    def transformed_space(self, observation_space: gym.Space) -> gym.Space:
+        """The observation space the algorithm's networks see after this transformer."""
+        return observation_space
 
 
 IdentityDataTransformer = DataTransformer
@@ -87,7 +110,7 @@ class ObservationNormalizer(DataTransformer):
         self.clipping, self.zero_mean, self.update_mode = clipping, zero_mean, update_mode
 
     def normalize(self, obs) -> torch.Tensor:
-        obs = to_tensor(obs, self.stats.mean.device, torch.float32)
+        obs = _t(obs, torch.float32).to(self.stats.mean.device)
         mean = self.stats.mean.float() if self.zero_mean else 0.0
         out = (obs - mean) / (self.stats.var.float().sqrt() + 1e-8)
         if self.clipping > 0:
@@ -96,13 +119,16 @@ class ObservationNormalizer(DataTransformer):
 
     def transform_timestep(self, time_step, state=()):
         if self.update_mode == "rollout":
-            self.stats.update(to_tensor(time_step.observation))
+            self.stats.update(_t(time_step.observation))
         return time_step._replace(observation=self.normalize(time_step.observation)), state
 
     def transform_experience(self, experience):
         if self.update_mode == "replay":
-            self.stats.update(to_tensor(experience.observation))
+            self.stats.update(_t(experience.observation))
         return experience._replace(observation=self.normalize(experience.observation))
+
+    def transformed_space(self, observation_space):
+        return _float_space(observation_space)
 
 
 class RewardClipping(DataTransformer):
@@ -113,7 +139,7 @@ class RewardClipping(DataTransformer):
         self.minmax = tuple(minmax)
 
     def _r(self, r):
-        return to_tensor(r, dtype=torch.float32).clamp(*self.minmax)
+        return _t(r, dtype=torch.float32).clamp(*self.minmax)
 
     def transform_timestep(self, time_step, state=()):
         return time_step._replace(reward=self._r(time_step.reward)), state
@@ -130,11 +156,11 @@ class RewardScaling(DataTransformer):
         self.scale = scale
 
     def transform_timestep(self, time_step, state=()):
-        return time_step._replace(reward=to_tensor(time_step.reward, dtype=torch.float32)
+        return time_step._replace(reward=_t(time_step.reward, dtype=torch.float32)
                                   * self.scale), state
 
     def transform_experience(self, experience):
-        return experience._replace(reward=to_tensor(experience.reward, dtype=torch.float32)
+        return experience._replace(reward=_t(experience.reward, dtype=torch.float32)
                                    * self.scale)
 
 
@@ -160,17 +186,17 @@ class RewardNormalizer(DataTransformer):
             self.update_calls += 1
 
     def _normalize(self, r):
-        out = r / (self.stats.var.float().sqrt() + 1e-8)
+        out = r / (self.stats.var.float().sqrt().to(r.device) + 1e-8)
         return out.clamp(-self.clip_value, self.clip_value) if self.clip_value > 0 else out
 
     def transform_timestep(self, time_step, state=()):
-        r = to_tensor(time_step.reward, dtype=torch.float32)
+        r = _t(time_step.reward, dtype=torch.float32)
         if self.update_mode == "rollout":
             self._update(r)
         return time_step._replace(reward=self._normalize(r)), state
 
     def transform_experience(self, experience):
-        r = to_tensor(experience.reward, dtype=torch.float32)
+        r = _t(experience.reward, dtype=torch.float32)
         if self.update_mode == "replay":
             self._update(r)
         return experience._replace(reward=self._normalize(r))
@@ -184,7 +210,7 @@ class ImageScaleTransformer(DataTransformer):
         self.lo, self.hi = min, max
 
     def _scale(self, obs):
-        return to_tensor(obs, dtype=torch.float32) * ((self.hi - self.lo) / 255.0) + self.lo
+        return _t(obs, dtype=torch.float32) * ((self.hi - self.lo) / 255.0) + self.lo
 
     def transform_timestep(self, time_step, state=()):
         return time_step._replace(observation=self._scale(time_step.observation)), state
@@ -192,55 +218,123 @@ class ImageScaleTransformer(DataTransformer):
     def transform_experience(self, experience):
         return experience._replace(observation=self._scale(experience.observation))
 
+    def transformed_space(self, observation_space):
+        return gym.spaces.Box(min(self.lo, self.hi), max(self.lo, self.hi),
+                              observation_space.shape, np.float32)
+
 
 class FrameStacker(DataTransformer):
     """Stack the last ``stack_size`` observations along ``stack_axis`` (of one observation).
 
     Within an episode the stack holds the previous frames; at FIRST (and before it) it is
-    filled with the FIRST frame, so no frame of a previous episode leaks in.
+    filled with the FIRST frame, so no frame of a previous episode leaks in. ``stack_axis``
+    None: the channel axis of an image (last for HWC, first for CHW), axis 0 of a vector, and a
+    new leading axis for a ``[H, W]`` grayscale frame (giving ``[stack_size, H, W]``).
 
-    ``transform_timestep``: ``state`` is ``[B, stack_size - 1, ...]`` previous frames.
-    ``transform_experience``: a ``[B, T]`` batch becomes ``[B, T - stack_size + 1]`` (the first
-    ``stack_size - 1`` rows only provide history; ALF's ``num_earliest_frames_ignored``).
+    ``transform_timestep``: ``state`` is ``[B, stack_size - 1, ...]`` previous frames (None:
+    start from this step), or ``()``: the previous frames are kept here, per ``env_id``, which
+    is how the pipeline's unroller and evaluator (that pass ``()``) use it.
+    ``transform_experience``: a batch-major ``[B, T]`` batch becomes ``[B, T - stack_size + 1]``
+    (the first ``stack_size - 1`` rows only provide history; ALF's
+    ``num_earliest_frames_ignored``). With ``time_major`` (an on-policy ``[T, B]`` unroll) no row
+    is dropped: the unroll's first rows stack copies of its first frame, as at FIRST.
     """
 
-    def __init__(self, observation_space=None, stack_size: int = 4, stack_axis: int = 0):
+    def __init__(self, observation_space=None, stack_size: int = 4, stack_axis: int | None = 0,
+                 image_layout: str = "auto", time_major: bool = False):
         super().__init__()
-        self.stack_size, self.stack_axis = stack_size, stack_axis
+        self.stack_size, self.time_major = stack_size, time_major
+        shape = tuple(observation_space.shape) if observation_space is not None else None
+        self.new_axis = stack_axis is None and shape is not None and \
+            _is_gray(shape, image_layout)
+        if stack_axis is None:
+            stack_axis = 0 if shape is None else channel_axis(shape, image_layout)
+        self.stack_axis = stack_axis
+        self._frames: torch.Tensor | None = None  # [num env ids, stack_size - 1, ...]
+        self._seen: torch.Tensor | None = None
 
     def get_initial_state(self, batch_size: int):
         return None  # filled from the first frame
 
+    def transformed_space(self, observation_space):
+        k = self.stack_size
+        if self.new_axis:
+            low = np.repeat(observation_space.low[None], k, 0)
+            high = np.repeat(observation_space.high[None], k, 0)
+        else:
+            low = np.concatenate([observation_space.low] * k, self.stack_axis)
+            high = np.concatenate([observation_space.high] * k, self.stack_axis)
+        return gym.spaces.Box(low, high, low.shape, observation_space.dtype)
+
     def _stack(self, frames: list[torch.Tensor]) -> torch.Tensor:
+        if self.new_axis:
+            return torch.stack(frames, dim=1)
         axis = self.stack_axis if self.stack_axis < 0 else self.stack_axis + 1
         return torch.cat(frames, dim=axis)
 
-    def transform_timestep(self, time_step, state=None):
-        obs = to_tensor(time_step.observation)
-        first = to_tensor(time_step.step_type) == StepType.FIRST
+    def _by_env(self, env_id, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Previous frames of each env id and which env ids have history."""
+        ids = (torch.arange(obs.shape[0]) if isinstance(env_id, tuple) else
+               _t(env_id, torch.int64)).to(obs.device)
+        n = int(ids.max()) + 1 if ids.numel() else 0
         k = self.stack_size - 1
-        if state is None or (isinstance(state, tuple) and state == ()):
-            state = obs.unsqueeze(1).expand(obs.shape[0], k, *obs.shape[1:]).clone()
-        sel = first.view(-1, *([1] * obs.dim()))
-        prev = torch.where(sel, obs.unsqueeze(1), state)
+        if self._frames is None or self._frames.shape[0] < n or \
+                self._frames.shape[2:] != obs.shape[1:] or self._frames.device != obs.device:
+            frames = obs.new_zeros((n, k, *obs.shape[1:]))
+            seen = torch.zeros(n, dtype=torch.bool, device=obs.device)
+            if self._frames is not None and self._frames.shape[2:] == obs.shape[1:]:
+                m = min(n, self._frames.shape[0])
+                frames[:m], seen[:m] = self._frames[:m].to(obs.device), self._seen[:m]
+            self._frames, self._seen = frames, seen
+        return ids, self._seen[ids]
+
+    def transform_timestep(self, time_step, state=None):
+        obs = _t(time_step.observation)
+        k = self.stack_size - 1
+        if k == 0:
+            return time_step._replace(observation=obs), state
+        reset = _t(time_step.step_type).to(obs.device) == StepType.FIRST
+        by_env = isinstance(state, tuple)
+        if by_env:
+            ids, seen = self._by_env(time_step.env_id, obs)
+            prev = self._frames[ids]
+            reset = reset | ~seen
+        elif state is None:
+            prev = obs.unsqueeze(1).expand(obs.shape[0], k, *obs.shape[1:])
+        else:
+            prev = state
+        sel = reset.view(-1, *([1] * obs.dim()))
+        prev = torch.where(sel, obs.unsqueeze(1), prev)
         frames = [prev[:, i] for i in range(k)] + [obs]
-        new_state = torch.stack(frames[1:], 1) if k > 0 else prev
+        new_state = torch.stack(frames[1:], 1)
+        if by_env:
+            self._frames[ids] = new_state
+            self._seen[ids] = True
+            new_state = ()
         return time_step._replace(observation=self._stack(frames)), new_state
 
     def transform_experience(self, experience):
-        obs = to_tensor(experience.observation)  # [B, T, ...]
-        st = to_tensor(experience.step_type)
-        k = self.stack_size - 1
-        B, T = st.shape[:2]
+        if self.time_major:
+            swap = lambda e: e.map(lambda v: _t(v).transpose(0, 1))  # noqa: E731
+            return swap(self._stack_window(swap(experience), drop=0))
+        return self._stack_window(experience, drop=self.stack_size - 1)
+
+    def _stack_window(self, experience, drop: int):
+        obs = _t(experience.observation)  # [B, T, ...]
+        st = _t(experience.step_type)
+        stacked, state = [], None
         # Walk the window once, carrying the stack and resetting it at FIRST.
-        stacked, state = [], obs[:, 0].unsqueeze(1).expand(B, k, *obs.shape[2:]).clone()
-        for t in range(T):
+        for t in range(st.shape[1]):
             ts = TimeStep(step_type=st[:, t], observation=obs[:, t])
             out, state = self.transform_timestep(ts, state)
             stacked.append(out.observation)
-        new_obs = torch.stack(stacked, 1)[:, k:]
-        trimmed = experience.map(lambda v: to_tensor(v)[:, k:])
+        new_obs = torch.stack(stacked, 1)[:, drop:]
+        trimmed = experience.map(lambda v: _t(v)[:, drop:])
         return trimmed._replace(observation=new_obs)
+
+
+def _is_gray(shape, layout: str) -> bool:
+    return image_layout(shape, layout) == "hw"
 
 
 class SequentialDataTransformer(DataTransformer):
@@ -254,17 +348,31 @@ class SequentialDataTransformer(DataTransformer):
         return tuple(t.get_initial_state(batch_size) for t in self.transformers)
 
     def transform_timestep(self, time_step, state=()):
-        state = state or self.get_initial_state(0)
+        """``state``: the tuple of the transformers' states, or ``()`` (each gets ``()``)."""
+        if state is None:
+            state = self.get_initial_state(0)
+        states = state if state != () else ((),) * len(self.transformers)
         new_states = []
-        for t, s in zip(self.transformers, state, strict=True):
+        for t, s in zip(self.transformers, states, strict=True):
             time_step, s = t.transform_timestep(time_step, s)
             new_states.append(s)
-        return time_step, tuple(new_states)
+        return time_step, (tuple(new_states) if state != () else ())
 
     def transform_experience(self, experience):
         for t in self.transformers:
             experience = t.transform_experience(experience)
         return experience
+
+    def transformed_space(self, observation_space):
+        for t in self.transformers:
+            observation_space = t.transformed_space(observation_space)
+        return observation_space
+
+    @property
+    def history_length(self) -> int:
+        """Rows a batch-major training window needs before its first trained row."""
+        return sum(t.stack_size - 1 for t in self.transformers
+                   if isinstance(t, FrameStacker) and not t.time_major)
 
 
 _TRANSFORMERS = {
@@ -292,3 +400,22 @@ def make_transformer(name_or_specs, observation_space=None, **kwargs) -> DataTra
     if cls is DataTransformer:
         return cls(**kwargs)
     return cls(observation_space, **kwargs)
+
+
+def from_configs(configs, observation_space, image_layout: str = "auto",
+                 time_major: bool = False) -> SequentialDataTransformer:
+    """The transformers of an algorithm config's ``data_transformers`` (typed configs from
+    :mod:`algorithms.configs`), in order; each sees the space its predecessor produces.
+    Normalizers update on training data only (``update_mode="replay"``)."""
+    out: list[DataTransformer] = []
+    space = observation_space
+    for c in configs:
+        kwargs = {k: v for k, v in vars(c).items() if k != "name"}
+        if c.name in ("observation_normalizer", "reward_normalizer"):
+            kwargs["update_mode"] = "replay"
+        if c.name == "frame_stacker":
+            kwargs.update(image_layout=image_layout, time_major=time_major)
+        t = make_transformer(c.name, space, **kwargs)
+        space = t.transformed_space(space)
+        out.append(t)
+    return SequentialDataTransformer(out)

@@ -64,16 +64,21 @@ class DdpgAlgorithm(RLAlgorithm):
                  target_update_tau: float = 0.005, target_update_period: int = 1,
                  dqda_clipping: float | None = None, action_l2: float = 0.0,
                  initial_random_steps: int = 0, max_grad_norm: float | None = None,
-                 device="cpu"):
-        super().__init__(observation_space, action_space, device, max_grad_norm)
+                 device="cpu", encoder: str = "mlp", image_layout: str = "auto",
+                 data_transformers=()):
+        super().__init__(observation_space, action_space, device, max_grad_norm,
+                         encoder=encoder, image_layout=image_layout,
+                         data_transformers=data_transformers)
         assert not self.discrete, "DdpgAlgorithm needs a Box action space"
         assert exploration_noise in ("ou", "gaussian"), exploration_noise
-        self.actor_network = ActorNetwork(observation_space, action_space, actor_fc_layer_params)
-        self.critic_networks = ParallelCriticNetwork(observation_space, action_space,
-                                                     critic_fc_layer_params, num_critic_replicas)
+        self.actor_network = ActorNetwork(self.input_space, action_space, actor_fc_layer_params,
+                                          **self.net_kwargs)
+        self.critic_networks = ParallelCriticNetwork(self.input_space, action_space,
+                                                     critic_fc_layer_params, num_critic_replicas,
+                                                     **self.net_kwargs)
         self.target_actor_network = copy.deepcopy(self.actor_network).requires_grad_(False)
         self.target_critic_networks = copy.deepcopy(self.critic_networks).requires_grad_(False)
-        self.mini_batch_length = mini_batch_length
+        self.mini_batch_length = mini_batch_length + self.history_length
         self.td_loss = TDLoss(gamma=gamma, td_error_loss_fn=td_error_loss_fn,
                               td_lambda=td_lambda if mini_batch_length > 2 else 0.0)
         self.exploration_noise, self.ou_stddev, self.ou_damping = (
@@ -100,12 +105,12 @@ class DdpgAlgorithm(RLAlgorithm):
 
     @torch.no_grad()
     def predict_step(self, time_step: TimeStep, state=()) -> AlgStep:
-        return AlgStep(output=self.actor_network(self._obs(time_step.observation)), state=state,
+        return AlgStep(output=self.actor_network(self._policy_input(time_step)), state=state,
                        info={})
 
     @torch.no_grad()
     def rollout_step(self, time_step: TimeStep, state=()) -> AlgStep:
-        obs = self._obs(time_step.observation)
+        obs = self._policy_input(time_step)
         b = obs.shape[0]
         a = self._normalize(self.actor_network(obs))
         if self.exploration_noise == "ou":

@@ -50,16 +50,19 @@ class DqnAlgorithm(RLAlgorithm):
                  target_update_period: int = 100, rollout_epsilon_greedy: float = 0.05,
                  epsilon_greedy_start: float = 1.0, epsilon_decay_steps: int = 10000,
                  initial_random_steps: int = 0, max_grad_norm: float | None = 10.0,
-                 device="cpu"):
-        super().__init__(observation_space, action_space, device, max_grad_norm)
+                 device="cpu", encoder: str = "mlp", image_layout: str = "auto",
+                 data_transformers=()):
+        super().__init__(observation_space, action_space, device, max_grad_norm,
+                         encoder=encoder, image_layout=image_layout,
+                         data_transformers=data_transformers)
         assert self.discrete, "DqnAlgorithm needs a Discrete action space"
-        self.q_network = QNetwork(observation_space, action_space, fc_layer_params,
-                                  conv_layer_params)
+        self.q_network = QNetwork(self.input_space, action_space, fc_layer_params,
+                                  conv_layer_params, **self.net_kwargs)
         self.target_q_network = copy.deepcopy(self.q_network).requires_grad_(False)
         self.num_actions = int(action_space.n)
         self.double_q = double_q
         self.n_step = n_step
-        self.mini_batch_length = n_step + 1
+        self.mini_batch_length = n_step + 1 + self.history_length
         self.td_loss = TDLoss(gamma=gamma, td_error_loss_fn=td_error_loss_fn,
                               td_lambda=td_lambda if n_step > 1 else 0.0)
         self.target_update_tau = target_update_tau
@@ -77,7 +80,7 @@ class DqnAlgorithm(RLAlgorithm):
 
     @torch.no_grad()
     def predict_step(self, time_step: TimeStep, state=()) -> AlgStep:
-        q = self.q_network(self._obs(time_step.observation))
+        q = self.q_network(self._policy_input(time_step))
         return AlgStep(output=q.argmax(-1), state=state, info={})
 
     @torch.no_grad()

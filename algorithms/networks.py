@@ -15,35 +15,32 @@ import torch
 import torch.distributions as td
 from torch import nn
 
+from algorithms.encoders import make_encoder
+
 
 def _flat_dim(space: gym.spaces.Space) -> int:
     return int(np.prod(space.shape))
 
 
 class EncodingNetwork(nn.Module):
-    """Optional conv stack (for ``[C, H, W]`` images) followed by fully connected layers.
+    """An observation encoder (:mod:`algorithms.encoders`) followed by fully connected layers.
 
     input_shape: shape of one observation.
-    conv_layer_params: sequence of ``(filters, kernel_size, stride)``; None = no conv.
+    conv_layer_params: sequence of ``(filters, kernel_size, stride)``: a custom conv stack
+        (overrides ``encoder``); None = use ``encoder``.
     fc_layer_params: hidden sizes of the fully connected layers.
     activation: activation class used after every layer.
+    encoder: ``mlp`` (flatten), ``nature_cnn``, ``impala`` or ``minatar_cnn``.
+    image_layout: ``auto``, ``hwc`` or ``chw`` (see :func:`algorithms.encoders.image_layout`).
     """
 
     def __init__(self, input_shape: Sequence[int], conv_layer_params=None,
-                 fc_layer_params: Sequence[int] = (256, 256), activation=nn.ReLU):
+                 fc_layer_params: Sequence[int] = (256, 256), activation=nn.ReLU,
+                 encoder: str = "mlp", image_layout: str = "auto"):
         super().__init__()
-        layers: list[nn.Module] = []
-        if conv_layer_params:
-            c = input_shape[0]
-            for filters, kernel, stride in conv_layer_params:
-                layers += [nn.Conv2d(c, filters, kernel, stride), activation()]
-                c = filters
-            layers.append(nn.Flatten())
-            with torch.no_grad():
-                n = nn.Sequential(*layers)(torch.zeros(1, *input_shape)).shape[-1]
-        else:
-            layers.append(nn.Flatten())
-            n = int(np.prod(input_shape))
+        body = make_encoder(input_shape, encoder, image_layout, conv_layer_params, activation)
+        layers: list[nn.Module] = [body]
+        n = body.output_size
         for size in fc_layer_params:
             layers += [nn.Linear(n, size), activation()]
             n = size
@@ -67,10 +64,11 @@ class QNetwork(nn.Module):
     """``Q(s, .)`` for a ``Discrete`` action space: ``[B, num_actions]``."""
 
     def __init__(self, observation_space, action_space, fc_layer_params=(256, 256),
-                 conv_layer_params=None, activation=nn.ReLU):
+                 conv_layer_params=None, activation=nn.ReLU, encoder: str = "mlp",
+                 image_layout: str = "auto"):
         super().__init__()
         self.encoder = EncodingNetwork(observation_space.shape, conv_layer_params,
-                                       fc_layer_params, activation)
+                                       fc_layer_params, activation, encoder, image_layout)
         self.head = _head(self.encoder.output_size, int(action_space.n))
 
     def forward(self, obs):
@@ -81,10 +79,10 @@ class ValueNetwork(nn.Module):
     """``V(s)``: ``[B]``."""
 
     def __init__(self, observation_space, fc_layer_params=(256, 256), conv_layer_params=None,
-                 activation=nn.ReLU):
+                 activation=nn.ReLU, encoder: str = "mlp", image_layout: str = "auto"):
         super().__init__()
         self.encoder = EncodingNetwork(observation_space.shape, conv_layer_params,
-                                       fc_layer_params, activation)
+                                       fc_layer_params, activation, encoder, image_layout)
         self.head = _head(self.encoder.output_size, 1)
 
     def forward(self, obs):
@@ -96,14 +94,15 @@ class CriticNetwork(nn.Module):
     (ALF's ``joint_fc_layer_params``)."""
 
     def __init__(self, observation_space, action_space, joint_fc_layer_params=(256, 256),
-                 activation=nn.ReLU):
+                 activation=nn.ReLU, encoder: str = "mlp", image_layout: str = "auto"):
         super().__init__()
-        n_in = _flat_dim(observation_space) + _flat_dim(action_space)
+        self.obs_encoder = make_encoder(observation_space.shape, encoder, image_layout)
+        n_in = self.obs_encoder.output_size + _flat_dim(action_space)
         self.encoder = EncodingNetwork((n_in,), None, joint_fc_layer_params, activation)
         self.head = _head(self.encoder.output_size, 1)
 
     def forward(self, obs, action):
-        x = torch.cat([obs.flatten(1), action.flatten(1)], -1)
+        x = torch.cat([self.obs_encoder(obs), action.flatten(1)], -1)
         return self.head(self.encoder(x)).squeeze(-1)
 
 
@@ -143,13 +142,16 @@ class ParallelCriticNetwork(nn.Module):
     """``num_replicas`` critics ``Q_i(s, a)`` in one module: ``forward(obs, action) -> [N, R]``."""
 
     def __init__(self, observation_space, action_space, joint_fc_layer_params=(256, 256),
-                 num_replicas: int = 2, activation=nn.ReLU):
+                 num_replicas: int = 2, activation=nn.ReLU, encoder: str = "mlp",
+                 image_layout: str = "auto"):
         super().__init__()
-        n_in = _flat_dim(observation_space) + _flat_dim(action_space)
+        # One observation encoder shared by the replicas (parameterless for ``mlp``).
+        self.obs_encoder = make_encoder(observation_space.shape, encoder, image_layout)
+        n_in = self.obs_encoder.output_size + _flat_dim(action_space)
         self.mlp = ParallelMLP(n_in, joint_fc_layer_params, 1, num_replicas, activation)
 
     def forward(self, obs, action, detach_params: bool = False):
-        x = torch.cat([obs.flatten(1), action.flatten(1)], -1)
+        x = torch.cat([_encode(self.obs_encoder, obs, detach_params), action.flatten(1)], -1)
         return self.mlp(x, detach_params).squeeze(-1)
 
 
@@ -157,13 +159,24 @@ class ParallelQNetwork(nn.Module):
     """``num_replicas`` Q networks for discrete actions: ``forward(obs) -> [N, R, A]``."""
 
     def __init__(self, observation_space, action_space, fc_layer_params=(256, 256),
-                 num_replicas: int = 2, activation=nn.ReLU):
+                 num_replicas: int = 2, activation=nn.ReLU, encoder: str = "mlp",
+                 image_layout: str = "auto"):
         super().__init__()
-        self.mlp = ParallelMLP(_flat_dim(observation_space), fc_layer_params,
+        self.obs_encoder = make_encoder(observation_space.shape, encoder, image_layout)
+        self.mlp = ParallelMLP(self.obs_encoder.output_size, fc_layer_params,
                                int(action_space.n), num_replicas, activation)
 
     def forward(self, obs, detach_params: bool = False):
-        return self.mlp(obs.flatten(1), detach_params)
+        return self.mlp(_encode(self.obs_encoder, obs, detach_params), detach_params)
+
+
+def _encode(encoder: nn.Module, obs: torch.Tensor, detach_params: bool) -> torch.Tensor:
+    """Shared observation features; without gradient to the encoder when ``detach_params``
+    (nothing upstream of the observation needs one)."""
+    if detach_params:
+        with torch.no_grad():
+            return encoder(obs)
+    return encoder(obs)
 
 
 class _ActionScaler(nn.Module):
@@ -184,10 +197,11 @@ class ActorNetwork(nn.Module):
     """Deterministic actor ``mu(s)`` squashed by tanh into the action bounds (DDPG/TD3)."""
 
     def __init__(self, observation_space, action_space, fc_layer_params=(256, 256),
-                 conv_layer_params=None, activation=nn.ReLU):
+                 conv_layer_params=None, activation=nn.ReLU, encoder: str = "mlp",
+                 image_layout: str = "auto"):
         super().__init__()
         self.encoder = EncodingNetwork(observation_space.shape, conv_layer_params,
-                                       fc_layer_params, activation)
+                                       fc_layer_params, activation, encoder, image_layout)
         self.head = _head(self.encoder.output_size, _flat_dim(action_space))
         self.scaler = _ActionScaler(action_space)
         self._shape = action_space.shape
@@ -233,10 +247,11 @@ class ActorDistributionNetwork(nn.Module):
     def __init__(self, observation_space, action_space, fc_layer_params=(256, 256),
                  conv_layer_params=None, activation=nn.ReLU,
                  continuous_projection: str = "tanh_normal", init_std: float = 1.0,
-                 log_std_bounds=(-5.0, 2.0), last_layer_scale: float = 1.0):
+                 log_std_bounds=(-5.0, 2.0), last_layer_scale: float = 1.0,
+                 encoder: str = "mlp", image_layout: str = "auto"):
         super().__init__()
         self.encoder = EncodingNetwork(observation_space.shape, conv_layer_params,
-                                       fc_layer_params, activation)
+                                       fc_layer_params, activation, encoder, image_layout)
         n = self.encoder.output_size
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.projection = continuous_projection

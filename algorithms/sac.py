@@ -67,25 +67,30 @@ class SacAlgorithm(RLAlgorithm):
                  initial_log_alpha: float = 0.0, max_log_alpha: float | None = None,
                  use_entropy_reward: bool = True, target_update_tau: float = 0.005,
                  target_update_period: int = 1, initial_random_steps: int = 0,
-                 max_grad_norm: float | None = None, device="cpu"):
-        super().__init__(observation_space, action_space, device, max_grad_norm)
+                 max_grad_norm: float | None = None, device="cpu", encoder: str = "mlp", image_layout: str = "auto",
+                 data_transformers=()):
+        super().__init__(observation_space, action_space, device, max_grad_norm,
+                         encoder=encoder, image_layout=image_layout,
+                         data_transformers=data_transformers)
         self.actor_network = ActorDistributionNetwork(
-            observation_space, action_space, actor_fc_layer_params,
-            continuous_projection="tanh_normal")
+            self.input_space, action_space, actor_fc_layer_params,
+            continuous_projection="tanh_normal", **self.net_kwargs)
         if self.discrete:
             self.critic_networks = ParallelQNetwork(
-                observation_space, action_space, critic_fc_layer_params, num_critic_replicas)
+                self.input_space, action_space, critic_fc_layer_params, num_critic_replicas,
+                **self.net_kwargs)
             default_target = target_entropy_scale * math.log(action_space.n)
         else:
             self.critic_networks = ParallelCriticNetwork(
-                observation_space, action_space, critic_fc_layer_params, num_critic_replicas)
+                self.input_space, action_space, critic_fc_layer_params, num_critic_replicas,
+                **self.net_kwargs)
             default_target = -float(np.prod(action_space.shape))
         self.target_critic_networks = copy.deepcopy(self.critic_networks).requires_grad_(False)
         self.log_alpha = nn.Parameter(torch.tensor(float(initial_log_alpha)))
         self.target_entropy = default_target if target_entropy is None else target_entropy
         self.max_log_alpha = max_log_alpha
         self.use_entropy_reward = use_entropy_reward
-        self.mini_batch_length = mini_batch_length
+        self.mini_batch_length = mini_batch_length + self.history_length
         self.td_loss = TDLoss(gamma=gamma, td_error_loss_fn=td_error_loss_fn,
                               td_lambda=td_lambda if mini_batch_length > 2 else 0.0)
         self.target_update_tau = target_update_tau
@@ -99,13 +104,13 @@ class SacAlgorithm(RLAlgorithm):
     # ----- acting -----------------------------------------------------------------------------
     @torch.no_grad()
     def predict_step(self, time_step: TimeStep, state=()) -> AlgStep:
-        dist = self.actor_network(self._obs(time_step.observation))
+        dist = self.actor_network(self._policy_input(time_step))
         action = dist.probs.argmax(-1) if self.discrete else dist.mode
         return AlgStep(output=action, state=state, info={})
 
     @torch.no_grad()
     def rollout_step(self, time_step: TimeStep, state=()) -> AlgStep:
-        obs = self._obs(time_step.observation)
+        obs = self._policy_input(time_step)
         b = obs.shape[0]
         if int(self.rollout_env_steps) < self.initial_random_steps:
             action = self._uniform_actions(b)

@@ -110,3 +110,153 @@ def test_sequential_and_registry_and_checkpoint():
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
     with pytest.raises(ValueError, match="unknown transformer"):
         algorithms.make_transformer("nope", OBS2)
+
+
+# ----- transformers inside an algorithm (built from its config) ---------------------------------
+from algorithms import configs  # noqa: E402
+
+OBS3 = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+TRANSFORMERS = [{"name": "observation_normalizer", "clipping": 5.0},
+                {"name": "reward_clipping", "minmax": [-1, 1]},
+                {"name": "reward_scaling", "scale": 0.1}, {"name": "reward_normalizer"}]
+
+
+def _alg(name="dqn", transformers=TRANSFORMERS, obs=OBS3, act=None, **kw):
+    act = act or gym.spaces.Discrete(2)
+    cfg = configs.parse({"name": name, "data_transformers": transformers, **kw})
+    torch.manual_seed(0)
+    return algorithms.make(cfg, obs, act, "cpu")
+
+
+def _replay_batch(rng, B=8, T=2, scale=10.0, shift=3.0):
+    st = np.full((B, T), M)
+    st[:, 0] = F
+    return Experience(step_type=st, reward=rng.standard_normal((B, T)).astype(np.float32) * 5,
+                      discount=np.ones((B, T), np.float32),
+                      observation=(rng.standard_normal((B, T, 3)) * scale + shift)
+                      .astype(np.float32),
+                      action=rng.integers(0, 2, (B, T)))
+
+
+def test_learner_statistics_reach_unroller_and_evaluator_through_policy_params():
+    learner, unroller, evaluator = _alg(), _alg(), _alg()
+    rng = np.random.default_rng(0)
+    batch = _replay_batch(rng)
+    raw_obs = batch.observation.copy()
+    learner.train_on(batch)
+    # The learner updated its statistics from its training data, and left the batch raw.
+    assert float(learner.data_transformer.transformers[0].stats.count) == 16
+    np.testing.assert_array_equal(batch.observation, raw_obs)
+    params = learner.policy_state_dict()
+    assert {"data_transformer.transformers.0.stats.mean", "data_transformer.transformers.0.stats.var",
+            "data_transformer.transformers.0.stats.count",
+            "data_transformer.transformers.3.stats.var",
+            "data_transformer.transformers.3.update_calls"} <= set(params)
+    unroller.load_policy_state_dict({k: v.numpy() for k, v in params.items()})
+    evaluator.load_policy_state_dict(params)
+    probe = ts(np.array([[1.0, -2.0, 30.0], [3.0, 3.0, 3.0]]))
+    views = [a.transform_timestep(probe)[0].observation for a in (learner, unroller, evaluator)]
+    expected = np.clip((probe.observation - raw_obs.reshape(-1, 3).mean(0))
+                       / (raw_obs.reshape(-1, 3).std(0) + 1e-8), -5, 5)
+    torch.testing.assert_close(views[0], torch.tensor(expected, dtype=torch.float32))
+    for v in views[1:]:
+        torch.testing.assert_close(v, views[0], rtol=0, atol=0)
+    # Acting only applies the statistics: the unroller's and evaluator's do not move.
+    for _ in range(3):
+        unroller.rollout_step(probe)
+        evaluator.predict_step(probe)
+    for a in (unroller, evaluator):
+        assert float(a.data_transformer.transformers[0].stats.count) == 16
+    torch.testing.assert_close(unroller.predict_step(probe).output,
+                               learner.predict_step(probe).output)
+
+
+def test_an_untrained_unroller_acts_on_what_the_networks_see():
+    # Before any parameters arrive the statistics are the identity (mean 0, var 1).
+    alg = _alg()
+    probe = ts(np.array([[1.0, -2.0, 7.0]]))
+    torch.testing.assert_close(alg.transform_timestep(probe)[0].observation,
+                               torch.tensor([[1.0, -2.0, 5.0]]))
+
+
+def test_normalizer_statistics_survive_a_checkpoint():
+    alg = _alg()
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        alg.train_on(_replay_batch(rng))
+    buf = io.BytesIO()
+    torch.save(alg.checkpoint_state(), buf)
+    buf.seek(0)
+    restored = _alg()
+    restored.load_checkpoint_state(torch.load(buf, weights_only=True))
+    for key in ("data_transformer.transformers.0.stats.mean",
+                "data_transformer.transformers.0.stats.var",
+                "data_transformer.transformers.3.stats.var"):
+        torch.testing.assert_close(restored.state_dict()[key], alg.state_dict()[key],
+                                   rtol=0, atol=0)
+    assert float(restored.data_transformer.transformers[0].stats.count) == 48
+    probe = ts(np.array([[0.5, 9.0, -4.0]]))
+    torch.testing.assert_close(restored.transform_timestep(probe)[0].observation,
+                               alg.transform_timestep(probe)[0].observation, rtol=0, atol=0)
+
+
+def test_reward_transformers_shape_the_training_targets():
+    # Clipping then scaling: a reward of 50 trains like 0.1 (DQN's TD target r + gamma * ...).
+    alg = _alg(transformers=[{"name": "reward_clipping", "minmax": [-1, 1]},
+                             {"name": "reward_scaling", "scale": 0.1}], gamma=0.5)
+    batch = _replay_batch(np.random.default_rng(2))
+    batch = batch._replace(reward=np.full_like(batch.reward, 50.0))
+    exp = alg._experience(batch)
+    torch.testing.assert_close(exp.reward, torch.full((8, 2), 0.1))
+
+
+def test_frame_stacker_in_an_algorithm():
+    img = gym.spaces.Box(0, 255, (6, 6, 1), np.uint8)
+    alg = _alg(transformers=[{"name": "frame_stacker", "stack_size": 3}], obs=img,
+               encoder="minatar_cnn", fc_layer_params=[8])
+    assert alg.input_space.shape == (6, 6, 3) and alg.input_space.dtype == np.uint8
+    assert alg.mini_batch_length == 2 + 2  # two rows of history before the trained window
+    # Acting: history per env id (the unroller passes state ()).
+    frame = lambda v, st, ids: TimeStep(  # noqa: E731
+        step_type=np.array(st), observation=np.full((len(ids), 6, 6, 1), v, np.uint8),
+        env_id=np.array(ids))
+    alg.rollout_step(frame(1, [F, F], [0, 5]))
+    alg.rollout_step(frame(2, [M], [5]))
+    out = alg.transform_timestep(frame(3, [M, M], [0, 5]))[0].observation
+    assert out.dtype == torch.uint8
+    assert out[0, 0, 0].tolist() == [1, 1, 3] and out[1, 0, 0].tolist() == [1, 2, 3]
+    # Training: a [B, 4] raw window becomes [B, 2] stacked rows.
+    rng = np.random.default_rng(3)
+    B = 4
+    batch = Experience(step_type=np.tile([F, M, M, M], (B, 1)),
+                       reward=np.zeros((B, 4), np.float32), discount=np.ones((B, 4), np.float32),
+                       observation=rng.integers(0, 256, (B, 4, 6, 6, 1), dtype=np.uint8),
+                       action=rng.integers(0, 2, (B, 4)))
+    exp = alg._experience(batch)
+    assert exp.observation.shape == (B, 2, 6, 6, 3) and exp.observation.dtype == torch.uint8
+    assert np.isfinite(alg.train_on(batch).metrics["loss/total"])
+
+
+@pytest.mark.parametrize("name", ["ppo", "a2c"])
+def test_on_policy_unrolls_keep_every_row(name):
+    alg = _alg(name, [{"name": "observation_normalizer"}, {"name": "frame_stacker",
+                                                           "stack_size": 2}],
+               actor_fc_layer_params=[4], value_fc_layer_params=[4])
+    assert alg.input_space.shape == (6,)
+    T, B = 5, 3
+    rng = np.random.default_rng(4)
+    st = np.full((T, B), M)
+    st[0] = F
+    unroll = Experience(step_type=st, reward=np.ones((T, B), np.float32),
+                        discount=np.ones((T, B), np.float32),
+                        observation=rng.standard_normal((T, B, 3)).astype(np.float32),
+                        action=rng.integers(0, 2, (T, B)),
+                        rollout_info={"log_prob": np.full((T, B), -0.7, np.float32),
+                                      "value": np.zeros((T, B), np.float32)})
+    exp = alg._experience(unroll)
+    assert exp.observation.shape == (T, B, 6) and exp.step_type.shape == (T, B)
+    # Row 1 stacks rows 0 and 1 of the same env (normalized with the updated statistics).
+    norm = alg.data_transformer.transformers[0].normalize
+    torch.testing.assert_close(exp.observation[1, 2], torch.cat(
+        [norm(unroll.observation[0, 2:3])[0], norm(unroll.observation[1, 2:3])[0]]))
+    assert np.isfinite(alg.train_on(unroll).metrics["loss/total"])

@@ -217,3 +217,97 @@ def test_td3_clipped_double_q_target(discount, next_type, critic):
     torch.testing.assert_close(li.extra["loss/critic"], torch.tensor([critic]))
     # train_steps = 0 is an actor step: actor loss = -Q_1(s, mu(s)) = -1
     torch.testing.assert_close(li.extra["loss/actor"], torch.tensor([-1.0]))
+
+
+class _FixedDist:
+    """A policy whose every sample is ``action`` with log-probability ``log_prob``: makes SAC's
+    soft target a hand-computable number."""
+
+    def __init__(self, n, action, log_prob):
+        self.action = torch.full((n, 1), action)
+        self._log_prob = torch.full((n,), log_prob)
+
+    def sample(self):
+        return self.action
+
+    def rsample(self):
+        return self.action.clone().requires_grad_(True)
+
+    def log_prob(self, a):
+        return self._log_prob + 0.0 * a.sum(-1)
+
+
+class _FixedActor(torch.nn.Module):
+    def __init__(self, action, log_prob):
+        super().__init__()
+        self.action, self.log_prob = action, log_prob
+
+    def forward(self, obs):
+        return _FixedDist(obs.shape[0], self.action, self.log_prob)
+
+
+@pytest.mark.parametrize("discount,next_type", [(1.0, M), (0.0, L)], ids=["mid", "termination"])
+def test_continuous_sac_soft_target_subtracts_the_entropy_term(discount, next_type):
+    """V(s') = min_i Q_target_i(s', a') - alpha * log pi(a'|s'): with min Q = 2, alpha = 0.5 and
+    log pi = -1.2, V = 2 + 0.6 = 2.6 (a flipped sign gives 1.4)."""
+    from algorithms.sac import SacAlgorithm
+
+    alg = SacAlgorithm(gym.spaces.Box(-1, 1, (2,), np.float32),
+                       gym.spaces.Box(-1, 1, (1,), np.float32), actor_fc_layer_params=(4,),
+                       critic_fc_layer_params=(4,), gamma=0.9,
+                       initial_log_alpha=math.log(0.5))
+    alg.actor_network = _FixedActor(0.3, -1.2)
+    for net in (alg.critic_networks, alg.target_critic_networks):
+        _zero(net)
+        _set_last_bias(net, [[2.0], [3.5]])  # Q_1 = 2, Q_2 = 3.5 whatever (s, a)
+    exp = _window([M, int(next_type)], [0.0, 1.0], [1.0, discount], [[0.3], [0.3]], 2)
+    info = alg.train_step(alg._experience(exp)).info
+    torch.testing.assert_close(info["target_value"][0, 1], torch.tensor(2.6))
+    li = alg.calc_loss(info)
+    target = 1.0 + 0.9 * discount * 2.6
+    torch.testing.assert_close(li.extra["loss/critic"],
+                               torch.tensor([(target - 2.0) ** 2 + (target - 3.5) ** 2]))
+    # actor: alpha * log pi - min_i Q_i = 0.5 * -1.2 - 2
+    torch.testing.assert_close(li.extra["loss/actor"], torch.tensor([-0.6 - 2.0]))
+
+
+def test_sac_default_target_entropy():
+    from algorithms.sac import SacAlgorithm
+
+    obs = gym.spaces.Box(-1, 1, (2,), np.float32)
+    cont = SacAlgorithm(obs, gym.spaces.Box(-1, 1, (3,), np.float32),
+                        actor_fc_layer_params=(4,), critic_fc_layer_params=(4,))
+    assert cont.target_entropy == -3.0  # -|A|
+    disc = SacAlgorithm(obs, gym.spaces.Discrete(4), actor_fc_layer_params=(4,),
+                        critic_fc_layer_params=(4,), target_entropy_scale=0.5)
+    assert disc.target_entropy == pytest.approx(0.5 * math.log(4))
+    # Entropy -5 below the target -3: the alpha loss's gradient is H - target = -2, so a
+    # gradient step raises alpha (more exploration).
+    log_alpha = torch.zeros((), requires_grad=True)
+    alpha_loss(log_alpha, torch.tensor(-5.0), cont.target_entropy).backward()
+    assert log_alpha.grad.item() == pytest.approx(-2.0)
+
+
+def test_soft_update_moves_the_target_by_tau():
+    from algorithms.base import RLAlgorithm
+
+    target, source = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+    with torch.no_grad():
+        target.weight.fill_(2.0), target.bias.fill_(-1.0)
+        source.weight.fill_(12.0), source.bias.fill_(9.0)
+    RLAlgorithm._soft_update(target, source, 0.1)  # (1 - tau) * target + tau * source
+    assert target.weight.item() == pytest.approx(3.0) and target.bias.item() == pytest.approx(0.0, abs=1e-6)
+    assert source.weight.item() == 12.0
+
+
+def test_dqn_target_network_follows_by_tau_after_an_update():
+    alg = DqnAlgorithm(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Discrete(2),
+                       fc_layer_params=(4,), target_update_tau=0.25, target_update_period=1)
+    target_before = {k: v.clone() for k, v in alg.target_q_network.state_dict().items()}
+    exp = _window([M, M], [0.0, 1.0], [1.0, 1.0], [0, 1], 2)
+    exp = exp._replace(observation=np.ones((1, 2, 2), np.float32))
+    alg.train_on(exp)
+    online = alg.q_network.state_dict()
+    for k, v in alg.target_q_network.state_dict().items():
+        torch.testing.assert_close(v, 0.75 * target_before[k] + 0.25 * online[k], msg=k)
+    assert not torch.equal(online["head.weight"], target_before["head.weight"])
