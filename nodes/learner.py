@@ -157,7 +157,7 @@ class Learner:
     async def _submit(self, client, length: int):
         await asyncio.wait_for(client._available.wait(), self.config.request_timeout_s)
         size = self.config.mini_batch_size * self.config.batches_per_request
-        return client.submit(SampleRequest(size, length, self.iteration),
+        return client.submit(SampleRequest(size, length, self.iteration, self.version),
                              self.config.request_timeout_s)
 
     async def train_on_policy(self) -> None:

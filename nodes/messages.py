@@ -52,11 +52,14 @@ class Trajectory(Message):
 
 @message("rl.sample_request")
 class SampleRequest(Message):
-    """learner -> replay_store (``sample`` service)."""
+    """learner -> replay_store (``sample`` service). ``learner_version`` is the version of the
+    learner's newest parameters (what ``ExperienceBatch.version`` counts in), so the store's
+    ``max_staleness`` is in parameter versions whatever ``publish_params_every`` is; -1: unknown."""
 
     batch_size: int
     batch_length: int
     learner_iter: int
+    learner_version: int = -1
 
 
 @message("rl.sample")

@@ -7,8 +7,10 @@ segment trees live there), ``EpisodeIndex`` (episode bookkeeping), ``BufferContr
 Nothing here knows about ZeroMQ.
 """
 
-from storage.allocator import MemoryAllocator, MmapAllocator
+from storage.allocator import MemoryAllocator, MmapAllocator, StorageLocked
+from storage.backend import Backend, select_backend
 from storage.controls import (
+    BetaSchedule,
     BufferControl,
     MaxStaleness,
     MaxUse,
@@ -22,7 +24,7 @@ from storage.nest import StepType, TensorSpec
 from storage.nstep import NStepResult, nstep_returns
 from storage.replay_buffer import BatchInfo, ReplayBuffer, RingBuffer, SlotInfo
 from storage.ring import RingStorage, RingWriter
-from storage.sampler import PER, SlotSampler
+from storage.sampler import PER, NothingToSample, SlotSampler
 from storage.segment_tree import (
     MaxSegmentTree,
     MinSegmentTree,
@@ -32,6 +34,8 @@ from storage.segment_tree import (
 )
 
 __all__ = [
+    "Backend",
+    "BetaSchedule",
     "BatchInfo",
     "BufferControl",
     "ERE",
@@ -44,6 +48,7 @@ __all__ = [
     "MinSegmentTree",
     "MmapAllocator",
     "NStepResult",
+    "NothingToSample",
     "PER",
     "ReplayBuffer",
     "RingBuffer",
@@ -54,9 +59,11 @@ __all__ = [
     "SlotInfo",
     "SlotSampler",
     "StepType",
+    "StorageLocked",
     "SumSegmentTree",
     "TensorSpec",
     "ThroughputMonitor",
     "available_backends",
     "nstep_returns",
+    "select_backend",
 ]

@@ -50,7 +50,8 @@ class EpisodeIndex:
         self.device = self.begin.device
 
     def on_write(self, env_ids, pos, step_type, discount, reward) -> None:
-        """Book the steps just written at (env_ids, pos)."""
+        """Book the steps at (env_ids, pos): their data is written, the writer's cursors
+        may or may not include them yet."""
         idx = pos % self.max_length
         first = step_type == int(StepType.FIRST)
         # Data that starts mid-episode (no FIRST seen) opens an episode at its first step.
@@ -65,7 +66,7 @@ class EpisodeIndex:
         last = step_type == int(StepType.LAST)
         if bool(last.any()):
             e, p = env_ids[last], pos[last]
-            self._scatter_range(self.end, e, torch.maximum(begin[last], self._earliest(e)), p, p)
+            self._scatter_range(self.end, e, torch.maximum(begin[last], self._earliest(e, p)), p, p)
             self.open_begin[e] = -1
 
         if self.discounted_return is not None:
@@ -73,11 +74,13 @@ class EpisodeIndex:
             terminal = discount.reshape(discount.shape[0], -1)[:, 0] == 0
             if bool(terminal.any()):
                 e, p = env_ids[terminal], pos[terminal]
-                self._backfill_returns(e, torch.maximum(seg[terminal], self._earliest(e)), p)
+                self._backfill_returns(e, torch.maximum(seg[terminal], self._earliest(e, p)), p)
                 self.segment_begin[e] = p + 1
 
-    def _earliest(self, env_ids):
-        return self.writer.earliest(env_ids)
+    def _earliest(self, env_ids, pos):
+        """The earliest position stored once ``pos`` is: ``on_write`` runs before the
+        writer commits ``pos`` (so a kill never leaves a stored step unbooked)."""
+        return torch.maximum(self.writer.earliest(env_ids), pos + 1 - self.max_length)
 
     def _scatter_range(self, target, env_ids, lo, hi_inclusive, values):
         """``target[e, pos % L] = value`` for lo <= pos <= hi, per environment."""
