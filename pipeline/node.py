@@ -32,6 +32,8 @@ from pipeline import config as configlib
 from pipeline.bus import Bus, TopicSpec
 from pipeline.graph import resolve_kind
 from pipeline.messages import (
+    ControlReply,
+    ControlRequest,
     Failure,
     Finished,
     Heartbeat,
@@ -91,6 +93,9 @@ class NodeContext:
     run_dir: str
     device: str
     resume: str | None
+    # Commands the supervisor may send this node (``run.py checkpoint``): name -> async
+    # function of the command's arguments returning a dict.
+    commands: dict = field(default_factory=dict)
 
 
 class NodeFailed(Exception):
@@ -227,6 +232,22 @@ class _Control:
         elif isinstance(msg, Stop):
             log.info("%s: stop requested (%s)", self.launch.incarnation, msg.reason)
             self.bus.stopping.set()
+        elif isinstance(msg, ControlRequest):
+            asyncio.ensure_future(self._command(msg))
+
+    async def _command(self, req: ControlRequest) -> None:
+        args = dict(req.args)
+        result = {"id": args.pop("id", None)}
+        handler = self.bus.context.commands.get(req.command)
+        try:
+            if handler is None:
+                result["code"] = "unknown_command"
+                raise LookupError(f"no command {req.command!r}")
+            result.update(await handler(**args) or {})
+            self.send(ControlReply(True, result, ""))
+        except Exception as exc:  # noqa: BLE001 - the supervisor is owed a reply
+            result.setdefault("code", "internal")
+            self.send(ControlReply(False, result, f"{self.launch.instance}: {_describe(exc)}"))
 
     async def heartbeats(self) -> None:
         if self.sock is None:

@@ -127,3 +127,10 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (ProcessLookupError, FileNotFoundError):
         return False
+
+
+async def idle_node(config, node, ready):
+    """A node kind for tests (``tests.pipeline_harness:idle_node``): never says ready, only
+    waits to be stopped; ``wait_ready`` on it can only time out."""
+    await node.stopping.wait()
+    return {}
