@@ -30,7 +30,11 @@ class CommandFailed(Exception):
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "node":  # the hot path of every node process: no argparse
+        from pipeline.forkserver import PARENT_ENV, die_with_parent
         from pipeline.node import process_main
+
+        if os.environ.get(PARENT_ENV):  # started by a supervisor: never outlive it
+            die_with_parent(int(os.environ[PARENT_ENV]))
 
         return process_main(argv[1], argv[2] if len(argv) > 2 else None)
     if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
@@ -190,7 +194,13 @@ def _supervise(graph, run_dir: str, resume: str | None, quiet: bool) -> int:
             print(f"\nrun finished: {run_dir}", file=sys.stderr)
         return code
 
-    return uvloop.run(go())
+    try:
+        return uvloop.run(go())
+    except Exception as exc:  # noqa: BLE001 - one line on the terminal, the traceback in the log
+        logging.getLogger("pipeline.supervisor").error("the supervisor failed", exc_info=exc)
+        print(f"\nerror: the supervisor failed: {type(exc).__name__}: {exc} (traceback in "
+              f"{os.path.join(run_dir, 'supervisor.log')})", file=sys.stderr)
+        return EXIT_FAILED
 
 
 async def _progress(sup) -> None:

@@ -29,7 +29,7 @@ import zmq
 
 from pipeline import codec, wiring
 from pipeline import config as configlib
-from pipeline.forkserver import ForkServer
+from pipeline.forkserver import PARENT_ENV, ForkServer
 from pipeline.graph import Graph, resolve_kind
 from pipeline.messages import (
     ControlReply,
@@ -261,6 +261,7 @@ class Supervisor:
             return await asyncio.create_subprocess_exec(
                 sys.executable, os.path.abspath(_run_py()), "node", launch_path, log_path,
                 stdout=log_file, stderr=log_file, stdin=asyncio.subprocess.DEVNULL,
+                env={**os.environ, PARENT_ENV: str(os.getpid())},
                 start_new_session=True)  # our SIGINT is ours to forward, not the terminal's
         finally:
             log_file.close()
@@ -645,24 +646,55 @@ class Supervisor:
                 await asyncio.wait_for(self.stop_event.wait(), duration)
         finally:
             self.stopping = True
-            await self._stop_all()
-            # What every node reported last (final summaries and bus counters), for users
-            # and tests to read after the run.
-            summary = await self.cmd_status()
-            summary["failure"] = self.failure
-            _write_json(os.path.join(self.run_dir, "summary.json"), summary)
-            for helper in helpers:
-                helper.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
-            self.sockets.close_all()
-            if self.forkserver is not None:
-                await self.forkserver.close()
-            self._events_file.close()
+            await self._cleanup(helpers)
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
         if self.failure:
             return EXIT_NODE_FAILED
         return EXIT_OK
+
+    async def _cleanup(self, helpers: list) -> None:
+        """LIFO-style teardown where every step runs even if one before it failed, each error
+        is reported, and whatever happened no node process is left: the last step kills what
+        is still running."""
+
+        async def stop_helpers():
+            for helper in helpers:
+                helper.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+
+        async def close_forkserver():
+            if self.forkserver is not None:
+                await self.forkserver.close()
+
+        steps = [("stop the nodes", self._stop_all),
+                 ("write summary.json", self._write_summary),
+                 ("stop its helpers", stop_helpers),
+                 ("close its sockets", _as_async(self.sockets.close_all)),
+                 ("close the fork server", close_forkserver),
+                 ("close events.jsonl", _as_async(self._events_file.close))]
+        for what, step in steps:
+            try:
+                await step()
+            except Exception as exc:  # noqa: BLE001 - report it, go on cleaning up
+                log.error("could not %s", what, exc_info=exc)
+                print(f"warning: the supervisor could not {what}: {type(exc).__name__}: {exc}",
+                      file=sys.stderr, flush=True)
+        self._kill_leftovers()
+
+    def _kill_leftovers(self) -> None:
+        for inc in list(self.incarnations.values()):
+            if inc.process is not None and inc.process.returncode is None:
+                log.error("%s still running at exit: SIGKILL", inc.launch.incarnation)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(inc.process.pid, signal.SIGKILL)
+
+    async def _write_summary(self) -> None:
+        # What every node reported last (final summaries and bus counters), for users and
+        # tests to read after the run.
+        summary = await self.cmd_status()
+        summary["failure"] = self.failure
+        _write_json(os.path.join(self.run_dir, "summary.json"), summary)
 
     async def _start_all(self) -> None:
         starts = []
@@ -708,6 +740,13 @@ def _retrieve(task: asyncio.Future) -> None:
     not report it as never retrieved (the reply already said it timed out)."""
     if not task.cancelled():
         task.exception()
+
+
+def _as_async(fn):
+    async def call():
+        fn()
+
+    return call
 
 
 def _write_json(path: str, data: dict) -> None:
