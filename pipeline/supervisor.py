@@ -50,6 +50,10 @@ from pipeline.sockets import SocketFactory, bind, send_now
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_NODE_FAILED = 0, 1
+STOP_CONDITION = "stop condition"  # a run.stop_when node finished
+# A run that failed is stopped with this much grace per wave at most: nothing it would drain
+# or checkpoint can make it succeed, and a crash loop should end promptly.
+FAILED_GRACE_S = 2.0
 
 
 class RunFailed(Exception):
@@ -104,7 +108,13 @@ class Watcher:
         A node that fails while starting is restarted by its policy like any other failure;
         this returns once one incarnation said ready, and raises RunFailed if the watcher gave
         up (crash loop, policy ``never``) or nothing was ready within ``ready_timeout_s``."""
-        self._set_current(await self.sup.launch(self))
+        try:
+            self._set_current(await self.sup.launch(self))
+        except Exception as exc:  # noqa: BLE001 - e.g. the run directory, fork, exec
+            self.state = "failed"
+            self._set_done()
+            raise RunFailed(f"node {self.instance} could not start: {type(exc).__name__}: "
+                            f"{exc}") from None
         self.state = "starting"
         self.task = asyncio.ensure_future(self._watch(self.current))
         ready = asyncio.ensure_future(self.became_ready.wait())
@@ -163,7 +173,13 @@ class Watcher:
             if self.stopping or self.sup.stopping:
                 break
             self.restarts += 1
-            inc = await self.sup.launch(self)
+            try:
+                inc = await self.sup.launch(self)
+            except Exception as exc:  # noqa: BLE001 - a restart that cannot start is reported
+                self.state = "failed"
+                self.sup.fail(f"node {self.instance} could not be restarted: "
+                              f"{type(exc).__name__}: {exc}; see {self.sup.log_path(self)}")
+                break
             self._set_current(inc)
             self.state = "starting"
             self.sup.publish_event(self, "restarted", f"attempt {self.restarts}")
@@ -205,6 +221,9 @@ class Supervisor:
         self.gone: list[str] = []
         self.stopping = False
         self.failure: str | None = None
+        # Why the run ends: STOP_CONDITION, "stop requested", "signal ...", "failure",
+        # "duration". Only the stop condition or a stop asked for is a success.
+        self.ended_by: str | None = None
         self.stop_event = asyncio.Event()
         self._started = asyncio.Event()  # every node was started (or the run stopped first)
         self._watchers_made = asyncio.Event()  # every node of the graph has its watchers
@@ -281,11 +300,13 @@ class Supervisor:
         self._send(inc.launch.incarnation, Stop(reason))
         with contextlib.suppress(ProcessLookupError):
             inc.process.send_signal(signal.SIGTERM)
+        grace = self.graph.run.grace_s
+        if self.ended_by == "failure":
+            grace = min(grace, FAILED_GRACE_S)
         try:
-            await asyncio.wait_for(inc.exited.wait(), self.graph.run.grace_s)
+            await asyncio.wait_for(inc.exited.wait(), grace)
         except TimeoutError:
-            log.warning("%s did not stop within %.0fs: SIGKILL", inc.launch.incarnation,
-                        self.graph.run.grace_s)
+            log.warning("%s did not stop within %.0fs: SIGKILL", inc.launch.incarnation, grace)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(inc.process.pid, signal.SIGKILL)
             await inc.exited.wait()
@@ -516,7 +537,7 @@ class Supervisor:
         return {"paths": done, "path": next(iter(done.values()))}
 
     async def cmd_stop(self) -> dict:
-        self.stop_event.set()
+        self.end("stop requested")
         return {"stopping": True}
 
     async def cmd_restart(self, node: str) -> dict:
@@ -586,8 +607,15 @@ class Supervisor:
             send_now(self.events, [topic.encode(), *codec.encode(msg, "supervisor")])
 
     def fail(self, reason: str) -> None:
+        """The run cannot succeed any more: stop it; it exits 1 with ``reason``."""
         if self.failure is None:
             self.failure = reason
+        self.end("failure")
+
+    def end(self, why: str) -> None:
+        """Stop the run; the first reason given is the one that counts."""
+        if self.ended_by is None:
+            self.ended_by = why
         self.stop_event.set()
 
     # --- the run --------------------------------------------------------------------------------
@@ -614,7 +642,7 @@ class Supervisor:
         while not self.stopping:
             watchers = [w for n in stop_when for w in self.watchers[n]]
             if any(w.state == "finished" for w in watchers):
-                self.stop_event.set()
+                self.end(STOP_CONDITION)
                 return
             if not watchers:
                 await self._started.wait()
@@ -628,7 +656,7 @@ class Supervisor:
         self._bind()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.stop_event.set)
+            loop.add_signal_handler(sig, self.end, f"signal {sig.name}")
         helpers = [asyncio.ensure_future(c) for c in
                    (self._serve_control(), self._heartbeat_watchdog(), self._watch_completion())]
         if progress is not None:
@@ -642,8 +670,13 @@ class Supervisor:
                 self._watchers_made.set()
                 self._started.set()
             duration = self.graph.run.duration_s
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(self.stop_event.wait(), duration)
+            except TimeoutError:
+                self.end("duration")
+            if self.ended_by == "duration" and self.graph.run.stop_when:
+                self.failure = (f"the run reached duration_s={duration:g} before its stop "
+                                f"condition ({' or '.join(self.graph.run.stop_when)} finished)")
         finally:
             self.stopping = True
             await self._cleanup(helpers)
