@@ -93,6 +93,18 @@ def write_checkpoint(root: str, states: dict, env_steps: int, sequence: int,
     return final
 
 
+def _last_sequence(root: str) -> int:
+    """The highest sequence number among a run's checkpoints: a restarted checkpointer goes on
+    from there, so names keep sorting in the order they were written."""
+    numbers = [0]
+    if os.path.isdir(root):
+        for name in os.listdir(root):
+            tail = name.rsplit("-", 1)[-1]
+            if name.startswith(("ckpt-", ".tmp-ckpt-")) and tail.isdigit():
+                numbers.append(int(tail))
+    return max(numbers)
+
+
 def prune(root: str, keep: int) -> None:
     done = sorted(d for d in os.listdir(root) if d.startswith("ckpt-"))
     for name in done[:-keep]:
@@ -103,11 +115,20 @@ async def run(config: Config, node, ready) -> dict:
     bus = node.bus
     clients = {name: bus.client(name) for name in config.services}
     root = os.path.join(node.info.run_dir, "checkpoints")
-    sequence = 0
+    sequence = _last_sequence(root)
     written = []
+    # One checkpoint at a time: a requested one waits for a scheduled one under way.
+    writing = asyncio.Lock()
+
+    async def on_demand() -> dict:
+        """``run.py checkpoint``: write one now and answer with its path."""
+        async with writing:
+            return {"path": await checkpoint("requested")}
+
+    node.commands["checkpoint"] = on_demand
     ready()
 
-    async def checkpoint(reason: str) -> None:
+    async def checkpoint(reason: str) -> str:
         nonlocal sequence
         # In the configured order, one after the other: the unroller flushes its experience
         # into replay before it answers a final request, so replay must be asked after it.
@@ -130,6 +151,7 @@ async def run(config: Config, node, ready) -> dict:
         written.append(path)
         node.status.update(checkpoints=len(written), env_steps=env_steps)
         log.info("checkpoint %s (%s)", path, reason)
+        return path
 
     while True:
         try:
@@ -138,12 +160,14 @@ async def run(config: Config, node, ready) -> dict:
         except TimeoutError:
             pass
         try:
-            await checkpoint("scheduled")
+            async with writing:
+                await checkpoint("scheduled")
         except TimeoutError as exc:  # a node is restarting: try again next time
             log.warning("checkpoint skipped: %s", exc)
     if config.final:
         try:
-            await checkpoint(FINAL_CHECKPOINT)
+            async with writing:
+                await checkpoint(FINAL_CHECKPOINT)
         except TimeoutError as exc:
             log.error("final checkpoint failed: %s", exc)
     return {"checkpoints": len(written), "last": written[-1] if written else None}

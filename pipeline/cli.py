@@ -14,15 +14,27 @@ import yaml
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 COMMANDS = ("run", "status", "monitor", "stop", "restart", "swap", "scale", "plot", "node",
             "checkpoint")
+# Commands run.py carries out itself; every other one is a supervisor command (cmd_<name>).
+LOCAL_COMMANDS = frozenset({"run", "monitor", "plot", "node"})
+# Reply codes that mean the user asked for something wrong (exit 2); the rest exit 1.
+USAGE_CODES = frozenset({"unknown_command", "bad_request", "unauthorized"})
 
 
 class UsageError(Exception):
     """A user mistake: printed as one line, exit code 2."""
 
 
+class CommandFailed(Exception):
+    """The supervisor could not do what was asked (timeout, run failed): one line, exit 1."""
+
+
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "node":  # the hot path of every node process: no argparse
+        from pipeline.forkserver import PARENT_ENV, die_with_parent
         from pipeline.node import process_main
+
+        if os.environ.get(PARENT_ENV):  # started by a supervisor: never outlive it
+            die_with_parent(int(os.environ[PARENT_ENV]))
 
         return process_main(argv[1], argv[2] if len(argv) > 2 else None)
     if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
@@ -37,6 +49,9 @@ def main(argv: list[str]) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except CommandFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_OK
 
@@ -179,7 +194,13 @@ def _supervise(graph, run_dir: str, resume: str | None, quiet: bool) -> int:
             print(f"\nrun finished: {run_dir}", file=sys.stderr)
         return code
 
-    return uvloop.run(go())
+    try:
+        return uvloop.run(go())
+    except Exception as exc:  # noqa: BLE001 - one line on the terminal, the traceback in the log
+        logging.getLogger("pipeline.supervisor").error("the supervisor failed", exc_info=exc)
+        print(f"\nerror: the supervisor failed: {type(exc).__name__}: {exc} (traceback in "
+              f"{os.path.join(run_dir, 'supervisor.log')})", file=sys.stderr)
+        return EXIT_FAILED
 
 
 async def _progress(sup) -> None:
@@ -216,7 +237,11 @@ def _short(v) -> str:
 
 
 def control(run_dir: str, command: str, timeout: float = 120.0, **kwargs) -> dict:
-    """Send one command to a run's supervisor; return its result or raise UsageError."""
+    """Send one command to a run's supervisor; return its result.
+
+    Raises UsageError for a request the supervisor refused as wrong, CommandFailed when it
+    could not carry it out or did not answer within ``timeout`` seconds (it answers before
+    that, with code ``timeout``, if the command is still going on)."""
     import zmq
 
     from pipeline import codec
@@ -234,15 +259,19 @@ def control(run_dir: str, command: str, timeout: float = 120.0, **kwargs) -> dic
     sock.setsockopt(zmq.LINGER, 0)
     try:
         sock.connect(info["control"])
-        sock.send_multipart(codec.encode(ControlRequest(command, kwargs), "cli"))
+        args = {**kwargs, "_timeout_s": timeout}
+        sock.send_multipart(codec.encode(ControlRequest(command, args), "cli"))
         if not sock.poll(int(timeout * 1000)):
-            raise UsageError(f"{run_dir}: supervisor did not answer {command!r} within "
-                             f"{timeout:.0f}s (is the run still going?)")
+            raise CommandFailed(f"{run_dir}: supervisor did not answer {command!r} within "
+                                f"{timeout:.0f}s (is the run still going?)")
         reply = codec.decode(sock.recv_multipart()).message
     finally:
         sock.close(linger=0)
     if not reply.ok:
-        raise UsageError(f"{command}: {reply.reason}")
+        code = reply.result.get("code", "internal")
+        if code in USAGE_CODES:
+            raise UsageError(f"{command}: {reply.reason}")
+        raise CommandFailed(f"{command}: {reply.reason} ({code})")
     return reply.result
 
 
@@ -250,6 +279,8 @@ def cmd_control_simple(args) -> int:
     result = control(args.run_dir, args.command, timeout=10 if args.command == "status" else 600)
     if args.command == "status" and not args.json:
         print(format_status(result))
+    elif args.command == "checkpoint" and not args.json:
+        print(result["path"])
     else:
         print(json.dumps(result, indent=1))
     return EXIT_OK

@@ -29,7 +29,7 @@ import zmq
 
 from pipeline import codec, wiring
 from pipeline import config as configlib
-from pipeline.forkserver import ForkServer
+from pipeline.forkserver import PARENT_ENV, ForkServer
 from pipeline.graph import Graph, resolve_kind
 from pipeline.messages import (
     ControlReply,
@@ -50,6 +50,10 @@ from pipeline.sockets import SocketFactory, bind, send_now
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_NODE_FAILED = 0, 1
+STOP_CONDITION = "stop condition"  # a run.stop_when node finished
+# A run that failed is stopped with this much grace per wave at most: nothing it would drain
+# or checkpoint can make it succeed, and a crash loop should end promptly.
+FAILED_GRACE_S = 2.0
 
 
 class RunFailed(Exception):
@@ -104,7 +108,13 @@ class Watcher:
         A node that fails while starting is restarted by its policy like any other failure;
         this returns once one incarnation said ready, and raises RunFailed if the watcher gave
         up (crash loop, policy ``never``) or nothing was ready within ``ready_timeout_s``."""
-        self._set_current(await self.sup.launch(self))
+        try:
+            self._set_current(await self.sup.launch(self))
+        except Exception as exc:  # noqa: BLE001 - e.g. the run directory, fork, exec
+            self.state = "failed"
+            self._set_done()
+            raise RunFailed(f"node {self.instance} could not start: {type(exc).__name__}: "
+                            f"{exc}") from None
         self.state = "starting"
         self.task = asyncio.ensure_future(self._watch(self.current))
         ready = asyncio.ensure_future(self.became_ready.wait())
@@ -163,7 +173,13 @@ class Watcher:
             if self.stopping or self.sup.stopping:
                 break
             self.restarts += 1
-            inc = await self.sup.launch(self)
+            try:
+                inc = await self.sup.launch(self)
+            except Exception as exc:  # noqa: BLE001 - a restart that cannot start is reported
+                self.state = "failed"
+                self.sup.fail(f"node {self.instance} could not be restarted: "
+                              f"{type(exc).__name__}: {exc}; see {self.sup.log_path(self)}")
+                break
             self._set_current(inc)
             self.state = "starting"
             self.sup.publish_event(self, "restarted", f"attempt {self.restarts}")
@@ -205,8 +221,14 @@ class Supervisor:
         self.gone: list[str] = []
         self.stopping = False
         self.failure: str | None = None
+        # Why the run ends: STOP_CONDITION, "stop requested", "signal ...", "failure",
+        # "duration". Only the stop condition or a stop asked for is a success.
+        self.ended_by: str | None = None
         self.stop_event = asyncio.Event()
         self._started = asyncio.Event()  # every node was started (or the run stopped first)
+        self._watchers_made = asyncio.Event()  # every node of the graph has its watchers
+        self._request_ids = 0
+        self._node_requests: dict[int, asyncio.Future] = {}  # commands sent to nodes
         self.started_at = time.monotonic()
         os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
         os.makedirs(os.path.join(run_dir, "launch"), exist_ok=True)
@@ -258,6 +280,7 @@ class Supervisor:
             return await asyncio.create_subprocess_exec(
                 sys.executable, os.path.abspath(_run_py()), "node", launch_path, log_path,
                 stdout=log_file, stderr=log_file, stdin=asyncio.subprocess.DEVNULL,
+                env={**os.environ, PARENT_ENV: str(os.getpid())},
                 start_new_session=True)  # our SIGINT is ours to forward, not the terminal's
         finally:
             log_file.close()
@@ -277,11 +300,13 @@ class Supervisor:
         self._send(inc.launch.incarnation, Stop(reason))
         with contextlib.suppress(ProcessLookupError):
             inc.process.send_signal(signal.SIGTERM)
+        grace = self.graph.run.grace_s
+        if self.ended_by == "failure":
+            grace = min(grace, FAILED_GRACE_S)
         try:
-            await asyncio.wait_for(inc.exited.wait(), self.graph.run.grace_s)
+            await asyncio.wait_for(inc.exited.wait(), grace)
         except TimeoutError:
-            log.warning("%s did not stop within %.0fs: SIGKILL", inc.launch.incarnation,
-                        self.graph.run.grace_s)
+            log.warning("%s did not stop within %.0fs: SIGKILL", inc.launch.incarnation, grace)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(inc.process.pid, signal.SIGKILL)
             await inc.exited.wait()
@@ -310,7 +335,8 @@ class Supervisor:
 
     async def _serve_control(self) -> None:
         handlers = {Hello: self._on_hello, Ready: self._on_ready, Heartbeat: self._on_heartbeat,
-                    Failure: self._on_failure, Finished: self._on_finished}
+                    Failure: self._on_failure, Finished: self._on_finished,
+                    ControlReply: self._on_node_reply}
         while True:
             frames = await self.control.recv_multipart(copy=False)
             identity = frames[0].bytes
@@ -355,16 +381,74 @@ class Supervisor:
         self._send(inc.launch.incarnation, Recorded(inc.launch.incarnation))
 
     async def _on_request(self, identity: bytes, req: ControlRequest) -> None:
-        handler = getattr(self, f"cmd_{req.command}", None)
-        if handler is None:
-            reply = ControlReply(False, {}, f"unknown command {req.command!r}")
-        else:
-            try:
-                reply = ControlReply(True, await handler(**req.args) or {}, "")
-            except (ValueError, KeyError, RunFailed, TypeError) as exc:
-                reply = ControlReply(False, {}, str(exc).strip("'\""))
+        reply = await self.answer(req.command, dict(req.args))
         with contextlib.suppress(zmq.ZMQError):
             send_now(self.control, [identity, *codec.encode(reply, "supervisor")])
+
+    async def answer(self, command: str, args: dict) -> ControlReply:
+        """Run one control command and always return a reply, errors as data.
+
+        ``args["_timeout_s"]`` is how long the client waits: the reply comes before that, with
+        code ``timeout`` if the command is still going on (it is not cancelled half-way, e.g. a
+        swap whose replacement is starting; ``status`` shows how it ends)."""
+        budget = args.pop("_timeout_s", None)
+        handler = getattr(self, f"cmd_{command}", None)
+        if handler is None:
+            return _error("unknown_command", f"unknown command {command!r} (commands: "
+                                             f"{', '.join(sorted(control_commands()))})")
+        try:
+            work = asyncio.ensure_future(handler(**args))
+        except TypeError as exc:  # arguments the command does not take
+            return _error("bad_request", f"{command}: {exc}")
+        work.add_done_callback(_retrieve)
+        if budget is not None:
+            # Leave the reply time to travel before the client gives up.
+            await asyncio.wait({work}, timeout=max(0.1, 0.9 * float(budget) - 0.2))
+        else:
+            await asyncio.wait({work})
+        if not work.done():
+            return _error("timeout", f"{command} did not finish within {budget:.0f}s; it goes "
+                                     "on in the supervisor (see status)")
+        try:
+            return ControlReply(True, work.result() or {}, "")
+        except RunFailed as exc:
+            return _error("run_failed", str(exc))
+        except TimeoutError as exc:
+            return _error("timeout", f"{command}: {exc or 'timed out'}")
+        except (ValueError, KeyError, TypeError) as exc:
+            return _error("bad_request", str(exc).strip("'\""))
+        except Exception as exc:  # noqa: BLE001 - a reply is owed whatever went wrong
+            log.error("control command %s failed", command, exc_info=exc)
+            return _error("internal", f"{command} failed: {type(exc).__name__}: {exc}")
+
+    async def ask_nodes(self, command: str, timeout: float) -> dict[str, ControlReply]:
+        """Send ``command`` to every running incarnation; return each one's reply.
+
+        Nodes answer through their control channel (a node kind registers the commands it
+        takes in its context's ``commands``); one that does not answer within ``timeout`` is
+        left out."""
+        targets = [inc for inc in list(self.incarnations.values())
+                   if inc.ready.is_set() and not inc.exited.is_set()]
+        futures = {}
+        loop = asyncio.get_running_loop()
+        for inc in targets:
+            self._request_ids += 1
+            futures[inc.launch.instance] = self._node_requests[self._request_ids] = \
+                loop.create_future()
+            self._send(inc.launch.incarnation,
+                       ControlRequest(command, {"id": self._request_ids}))
+        try:
+            if futures:
+                await asyncio.wait(futures.values(), timeout=timeout)
+        finally:
+            for key in [k for k, f in self._node_requests.items() if f in futures.values()]:
+                self._node_requests.pop(key)
+        return {name: f.result() for name, f in futures.items() if f.done()}
+
+    def _on_node_reply(self, inc: Incarnation, msg: ControlReply) -> None:
+        future = self._node_requests.get(msg.result.get("id"))
+        if future is not None and not future.done():
+            future.set_result(msg)
 
     # --- commands (run.py status|stop|restart|swap|scale) ------------------------------------
 
@@ -405,28 +489,55 @@ class Supervisor:
             self._watchers_of(name)
 
         async def all_ready():
-            # Every node started first (a node's watcher exists only once it was started),
-            # then every current incarnation of the nodes asked about (swaps, restarts).
-            await self._started.wait()
+            # A node's watchers exist once the run began starting it; then every current
+            # incarnation of the nodes asked about must say ready (swaps, restarts).
+            await self._watchers_made.wait()
             while True:
                 watchers = [w for n in names for w in self.watchers[n]]
-                if not watchers or any(w.current is None for w in watchers):
+                if not watchers:
                     raise RunFailed(f"{', '.join(names)} did not start (see status)")
-                # An incarnation that exited while its watcher goes on (a crash, a restart
-                # under way) is not ready: wait for the next one.
-                pending = [w.relaunched.wait() if w.current.exited.is_set() and
-                           not w.done.is_set() else w.current.ready.wait()
-                           for w in watchers if not w.current.ready.is_set() or
-                           (w.current.exited.is_set() and not w.done.is_set())]
-                if not pending:
+                waits = []
+                for w in watchers:
+                    inc = w.current
+                    # An incarnation that exited while its watcher goes on (a crash, a restart
+                    # under way) is not ready: wait for the next one.
+                    if inc is not None and inc.ready.is_set() and \
+                            (not inc.exited.is_set() or w.done.is_set()):
+                        continue
+                    if w.done.is_set():
+                        raise RunFailed(f"{w.instance} stopped before it was ready "
+                                        f"(state {w.state}); see {self.log_path(w)}")
+                    waits += [w.relaunched.wait(), w.done.wait()]
+                    if inc is not None:
+                        waits += [inc.ready.wait(), inc.exited.wait()]
+                if not waits:
                     return
-                await asyncio.gather(*pending)
+                tasks = [asyncio.ensure_future(c) for c in waits]
+                try:
+                    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for t in tasks:
+                        t.cancel()
 
         await asyncio.wait_for(all_ready(), timeout)
         return {"ready": names}
 
+    async def cmd_checkpoint(self, timeout: float = 600.0) -> dict:
+        """Ask the nodes that write checkpoints (those that take the ``checkpoint`` command) for
+        one now; answer with the path of what each wrote."""
+        replies = await self.ask_nodes("checkpoint", timeout)
+        done = {name: r.result.get("path") for name, r in replies.items() if r.ok}
+        errors = [f"{name}: {r.reason}" for name, r in replies.items()
+                  if not r.ok and r.result.get("code") != "unknown_command"]
+        if errors:
+            raise RunFailed("checkpoint failed: " + "; ".join(errors))
+        if not done:
+            raise ValueError("no running node writes checkpoints (the graph has no "
+                             "checkpointer, or it is not running)")
+        return {"paths": done, "path": next(iter(done.values()))}
+
     async def cmd_stop(self) -> dict:
-        self.stop_event.set()
+        self.end("stop requested")
         return {"stopping": True}
 
     async def cmd_restart(self, node: str) -> dict:
@@ -496,8 +607,15 @@ class Supervisor:
             send_now(self.events, [topic.encode(), *codec.encode(msg, "supervisor")])
 
     def fail(self, reason: str) -> None:
+        """The run cannot succeed any more: stop it; it exits 1 with ``reason``."""
         if self.failure is None:
             self.failure = reason
+        self.end("failure")
+
+    def end(self, why: str) -> None:
+        """Stop the run; the first reason given is the one that counts."""
+        if self.ended_by is None:
+            self.ended_by = why
         self.stop_event.set()
 
     # --- the run --------------------------------------------------------------------------------
@@ -524,7 +642,7 @@ class Supervisor:
         while not self.stopping:
             watchers = [w for n in stop_when for w in self.watchers[n]]
             if any(w.state == "finished" for w in watchers):
-                self.stop_event.set()
+                self.end(STOP_CONDITION)
                 return
             if not watchers:
                 await self._started.wait()
@@ -538,7 +656,7 @@ class Supervisor:
         self._bind()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.stop_event.set)
+            loop.add_signal_handler(sig, self.end, f"signal {sig.name}")
         helpers = [asyncio.ensure_future(c) for c in
                    (self._serve_control(), self._heartbeat_watchdog(), self._watch_completion())]
         if progress is not None:
@@ -549,30 +667,67 @@ class Supervisor:
             except RunFailed as exc:
                 self.fail(str(exc))
             finally:
+                self._watchers_made.set()
                 self._started.set()
             duration = self.graph.run.duration_s
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(self.stop_event.wait(), duration)
+            except TimeoutError:
+                self.end("duration")
+            if self.ended_by == "duration" and self.graph.run.stop_when:
+                self.failure = (f"the run reached duration_s={duration:g} before its stop "
+                                f"condition ({' or '.join(self.graph.run.stop_when)} finished)")
         finally:
             self.stopping = True
-            await self._stop_all()
-            # What every node reported last (final summaries and bus counters), for users
-            # and tests to read after the run.
-            summary = await self.cmd_status()
-            summary["failure"] = self.failure
-            _write_json(os.path.join(self.run_dir, "summary.json"), summary)
-            for helper in helpers:
-                helper.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
-            self.sockets.close_all()
-            if self.forkserver is not None:
-                await self.forkserver.close()
-            self._events_file.close()
+            await self._cleanup(helpers)
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
         if self.failure:
             return EXIT_NODE_FAILED
         return EXIT_OK
+
+    async def _cleanup(self, helpers: list) -> None:
+        """LIFO-style teardown where every step runs even if one before it failed, each error
+        is reported, and whatever happened no node process is left: the last step kills what
+        is still running."""
+
+        async def stop_helpers():
+            for helper in helpers:
+                helper.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+
+        async def close_forkserver():
+            if self.forkserver is not None:
+                await self.forkserver.close()
+
+        steps = [("stop the nodes", self._stop_all),
+                 ("write summary.json", self._write_summary),
+                 ("stop its helpers", stop_helpers),
+                 ("close its sockets", _as_async(self.sockets.close_all)),
+                 ("close the fork server", close_forkserver),
+                 ("close events.jsonl", _as_async(self._events_file.close))]
+        for what, step in steps:
+            try:
+                await step()
+            except Exception as exc:  # noqa: BLE001 - report it, go on cleaning up
+                log.error("could not %s", what, exc_info=exc)
+                print(f"warning: the supervisor could not {what}: {type(exc).__name__}: {exc}",
+                      file=sys.stderr, flush=True)
+        self._kill_leftovers()
+
+    def _kill_leftovers(self) -> None:
+        for inc in list(self.incarnations.values()):
+            if inc.process is not None and inc.process.returncode is None:
+                log.error("%s still running at exit: SIGKILL", inc.launch.incarnation)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(inc.process.pid, signal.SIGKILL)
+
+    async def _write_summary(self) -> None:
+        # What every node reported last (final summaries and bus counters), for users and
+        # tests to read after the run.
+        summary = await self.cmd_status()
+        summary["failure"] = self.failure
+        _write_json(os.path.join(self.run_dir, "summary.json"), summary)
 
     async def _start_all(self) -> None:
         starts = []
@@ -581,6 +736,7 @@ class Supervisor:
                 w = Watcher(self, name, r)
                 self.watchers[name].append(w)
                 starts.append(w.start())
+        self._watchers_made.set()
         # A stop (SIGINT, an end condition) while nodes are still starting ends the wait.
         everything = asyncio.ensure_future(asyncio.gather(*starts))
         stop = asyncio.ensure_future(self.stop_event.wait())
@@ -598,6 +754,32 @@ class Supervisor:
         # Anything left (e.g. a replacement that was still starting) is killed outright.
         for inc in list(self.incarnations.values()):
             await self.stop_incarnation(inc, "run ending")
+
+
+def control_commands() -> set[str]:
+    """Every command a client may send: one ``cmd_<name>`` method each."""
+    return {name[4:] for name in dir(Supervisor) if name.startswith("cmd_")}
+
+
+def _error(code: str, reason: str) -> ControlReply:
+    """A failed command, as data: a one-line ``reason`` and a ``code`` a client can act on
+    (``unknown_command``, ``bad_request``, ``unauthorized``, ``timeout``, ``run_failed``,
+    ``internal``)."""
+    return ControlReply(False, {"code": code}, reason.splitlines()[0] if reason else code)
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    """A command that outlived its reply may still fail: take its exception so asyncio does
+    not report it as never retrieved (the reply already said it timed out)."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _as_async(fn):
+    async def call():
+        fn()
+
+    return call
 
 
 def _write_json(path: str, data: dict) -> None:
