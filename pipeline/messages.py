@@ -181,12 +181,14 @@ class Join(Message):
     instance: str
     credit: int
     credit_bytes: int
+    token: str = ""  # must equal the run's secret where the publisher has one
 
 
 @message("bus.credit")
 class Credit(Message):
     """Subscriber -> publisher: the next ``acked`` messages were handled; grant their credit
-    (one message each, and their bytes) again."""
+    (one message each, and their bytes) again. ``acked`` 0 is a keepalive: a member silent for
+    ``reliable.MEMBER_TIMEOUT_S`` is dropped and its messages go to the rest of its group."""
 
     topic: str
     acked: int

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hmac
 import itertools
 import logging
+import os
 import struct
 import time
 from dataclasses import dataclass, field
@@ -55,6 +57,14 @@ BATCH_BYTES = 4 << 20  # a batch stops growing once its messages reach this many
 # slow consumer of large messages pins on both sides, and keeps it small enough to stay cached.
 WINDOW_BYTES = 32 << 20
 _LEAVE_ACK = b"A"
+# A member (or an undeclared group without members) silent this long is dropped: its credit and
+# unacknowledged messages go back to its group, so a peer that joins and goes away cannot stall a
+# topic. Above the supervisor's default heartbeat timeout (30 s), so a live but blocked node is
+# killed and restarted before its messages are taken from it. Subscribers send a keepalive
+# (``Credit(acked=0)``) every KEEPALIVE_S.
+MEMBER_TIMEOUT_S = 60.0
+KEEPALIVE_S = 10.0
+SECRET_ENV = "CONDUIT_RUN_SECRET"  # set by the supervisor for every node: Join must carry it
 ACK_DELAY_S = 0.002  # how long an idle subscriber may sit on credit below the batch size
 _DATA = b"D"
 _BATCH = b"B"
@@ -90,6 +100,7 @@ class _Member:
     delivered: int = 0
     inflight: collections.deque = field(default_factory=collections.deque)
     leaving: bool = False
+    last_seen: float = 0.0  # time.monotonic() of its last control message
 
 
 @dataclass
@@ -98,6 +109,8 @@ class _Group:
     backlog: collections.deque = field(default_factory=collections.deque)
     members: dict = field(default_factory=dict)  # routing id -> _Member
     rotation: itertools.count = field(default_factory=itertools.count)
+    declared: bool = True  # the graph says this group consumes the topic
+    empty_since: float | None = None  # an undeclared group without members, since when
 
     def pending(self) -> int:
         return len(self.backlog) + sum(len(m.inflight) for m in self.members.values())
@@ -132,6 +145,8 @@ class ReliablePublisher:
         self.queued_bytes = 0  # of the messages in _unfinished: bounded by hwm_bytes
         self.completed_through = 0
         self.tap = Tap(bus, endpoint + ".tap")
+        self._secret = os.environ.get(SECRET_ENV) or None
+        self._reaper: asyncio.TimerHandle | None = None
 
     async def send(self, msg) -> None:
         """Queue ``msg`` for every group; wait while any group's queue is at its bound."""
@@ -272,18 +287,29 @@ class ReliablePublisher:
 
     def _on_control(self, routing_id: bytes, msg) -> None:
         group, member = self._by_id.get(routing_id, (None, None))
+        if member is not None:
+            member.last_seen = time.monotonic()
         if isinstance(msg, Join):
+            if self._secret is not None and not hmac.compare_digest(
+                    msg.token.encode(), self._secret.encode()):
+                self.stats.refused += 1
+                log.warning("%s: refused a join of %s to %s as group %s: wrong run secret",
+                            self.bus.instance, msg.instance, self.topic, msg.group)
+                return
             if member is not None:  # a re-join on the same connection replaces the member
                 self._drop_member(routing_id)
             group = self.groups.get(msg.group)
             if group is None:  # a group the graph did not declare
-                group = self.groups[msg.group] = _Group(msg.group)
+                group = self.groups[msg.group] = _Group(msg.group, declared=False)
                 self._backlogs.append((group.backlog, group))
-            member = _Member(routing_id, msg.instance, msg.credit, msg.credit_bytes)
+            member = _Member(routing_id, msg.instance, msg.credit, msg.credit_bytes,
+                             last_seen=time.monotonic())
             group.members[routing_id] = member
+            group.empty_since = None
             self._by_id[routing_id] = (group, member)
             log.info("%s: %s joined %s as group %s", self.bus.instance, msg.instance,
                      self.topic, msg.group)
+            self._start_reaper()
             self._pump(group)
         elif member is None:
             log.warning("%s: control %s from unknown peer on %s", self.bus.instance,
@@ -305,11 +331,48 @@ class ReliablePublisher:
             self._send_ctrl(routing_id, _LEAVE_ACK, LeaveAck(self.topic))
             self._pump(group)
 
+    def _start_reaper(self) -> None:
+        if self._reaper is None:
+            self._reaper = asyncio.get_running_loop().call_later(MEMBER_TIMEOUT_S / 4,
+                                                                 self._reap)
+
+    def _reap(self) -> None:
+        """Drop members silent for MEMBER_TIMEOUT_S, and undeclared groups left empty as long
+        (nobody would ever acknowledge what they hold)."""
+        self._reaper = None
+        now = time.monotonic()
+        for routing_id, (_, member) in list(self._by_id.items()):
+            if now - member.last_seen > MEMBER_TIMEOUT_S:
+                self.stats.evicted += 1
+                log.warning("%s: %s silent on %s for %.0fs; dropping it", self.bus.instance,
+                            member.instance, self.topic, now - member.last_seen)
+                self._drop_member(routing_id)
+        for group in list(self.groups.values()):
+            if not group.declared and not group.members and group.empty_since is not None \
+                    and now - group.empty_since > MEMBER_TIMEOUT_S:
+                self._forget_group(group)
+        if self._by_id or any(not g.declared for g in self.groups.values()):
+            self._start_reaper()
+
+    def _forget_group(self, group: _Group) -> None:
+        log.warning("%s: group %s left %s for good; releasing its %d messages",
+                    self.bus.instance, group.name, self.topic, len(group.backlog))
+        del self.groups[group.name]
+        self._backlogs = [(b, g) for b, g in self._backlogs if g is not group]
+        for record in group.backlog:
+            record.remaining -= 1
+        group.backlog.clear()
+        self._advance()
+        self._update_depth()
+        self._notify_progress()
+
     def _drop_member(self, routing_id: bytes) -> None:
         group, member = self._by_id.pop(routing_id, (None, None))
         if member is None:
             return
         del group.members[routing_id]
+        if not group.members and not group.declared:
+            group.empty_since = time.monotonic()
         if member.inflight:
             # Back to the front, in order: the next member handles them before newer ones.
             self.stats.redelivered += len(member.inflight)
@@ -335,6 +398,8 @@ class ReliablePublisher:
             self._drained.set()
 
     def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
         # Tell members nothing more is coming, so a draining subscriber need not wait for us.
         for routing_id in list(self._by_id):
             self._send_ctrl(routing_id, _LEAVE_ACK, LeaveAck(self.topic))
@@ -358,7 +423,7 @@ class _Connection:
         self.left = False
         # The DEALER queues this until the connection is up: no handshake, no sleep.
         self.send_control(Join(sub.topic, sub.group, sub.bus.instance, sub.window,
-                               sub.window_bytes))
+                               sub.window_bytes, os.environ.get(SECRET_ENV, "")))
         if sub.leaving:
             self.send_control(Leave(sub.topic))
 
@@ -500,6 +565,7 @@ class ReliableSubscriber:
         self._ack_batch = max(1, window // 4)
         self._ack_bytes = max(1, window_bytes // 4)
         self._ack_timer: asyncio.TimerHandle | None = None
+        self._keepalive: asyncio.TimerHandle | None = None
         self.leaving = False
 
     def set_endpoints(self, endpoints: list[str]) -> None:
@@ -509,7 +575,25 @@ class ReliableSubscriber:
         for endpoint in list(self.connections):
             if endpoint not in endpoints:
                 self.connections.pop(endpoint).close()
+        self._ensure_keepalive()
         self._wake()
+
+    def _ensure_keepalive(self) -> None:
+        if self._keepalive is None and self.connections:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # wired outside a loop: recv() starts it
+                return
+            self._keepalive = loop.call_later(KEEPALIVE_S, self._keep_alive)
+
+    def _keep_alive(self) -> None:
+        """Tell every publisher we are still here (see MEMBER_TIMEOUT_S): a member may hold
+        credit or messages for long while its node is busy or its input idle."""
+        self._keepalive = None
+        for conn in self.connections.values():
+            if not conn.left and not conn.sock.closed:
+                conn.send_control(Credit(self.topic, 0))
+        self._ensure_keepalive()
 
     def _wake(self) -> None:
         self._event.set()
@@ -573,6 +657,8 @@ class ReliableSubscriber:
             self._ack_previous()
         queue = self._queue
         while not queue:
+            if self._keepalive is None:
+                self._ensure_keepalive()
             if self.leaving:
                 self._ack_previous(threshold=1)
                 if all(c.left for c in self.connections.values()):
@@ -618,6 +704,8 @@ class ReliableSubscriber:
         self._ack_previous(threshold=1)
         if self._ack_timer is not None:
             self._ack_timer.cancel()
+        if self._keepalive is not None:
+            self._keepalive.cancel()
         for conn in self.connections.values():
             conn.close()
         self.connections.clear()

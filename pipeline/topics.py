@@ -28,6 +28,8 @@ class TopicStats:
     dropped: int = 0
     depth: int = 0  # messages waiting (publisher backlog or subscriber queue)
     wait_s: float = 0.0  # time a publisher spent blocked by backpressure
+    refused: int = 0  # joins with a wrong token
+    evicted: int = 0  # members dropped after MEMBER_TIMEOUT_S of silence
 
     def as_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v}
