@@ -137,20 +137,24 @@ def cmd_run(args) -> int:
         graph = graphlib.load(graph_path, args.set)
     except graphlib.GraphError as exc:
         raise UsageError(str(exc)) from None
+    if not args.resume:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")[:-3]
+        run_dir = args.run_dir or os.path.join(graph.run.directory, graph.name, stamp)
+    _own_run_dir(run_dir)
+    resume, checked = None, {}
     if args.resume:
         from pipeline.wiring import latest_checkpoint
 
-        resume = latest_checkpoint(run_dir)
-    else:
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")[:-3]
-        run_dir = args.run_dir or os.path.join(graph.run.directory, graph.name, stamp)
-        resume = None
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "graph.yaml"), "w") as f:
-        yaml.safe_dump(graph.raw, f, sort_keys=False)
+        resume = latest_checkpoint(run_dir, lambda line: print(f"warning: {line}",
+                                                               file=sys.stderr), checked)
+    try:
+        with open(os.path.join(run_dir, "graph.yaml"), "w") as f:
+            yaml.safe_dump(graph.raw, f, sort_keys=False)
+    except OSError as exc:
+        raise CommandFailed(f"cannot write to run directory {run_dir}: {exc}") from None
     if args.in_loop:
         return _run_in_loop(graph, run_dir)
-    return _supervise(graph, run_dir, resume, quiet=args.quiet)
+    return _supervise(graph, run_dir, resume, quiet=args.quiet, checked=checked)
 
 
 def _run_in_loop(graph, run_dir: str) -> int:
@@ -168,7 +172,42 @@ def _run_in_loop(graph, run_dir: str) -> int:
     return EXIT_OK
 
 
-def _supervise(graph, run_dir: str, resume: str | None, quiet: bool) -> int:
+_run_dir_lock: int | None = None  # held (never closed) for as long as this process runs
+
+
+def _own_run_dir(run_dir: str) -> None:
+    """Create the run directory if needed and take its lock, or refuse in one line.
+
+    The lock is an ``flock`` on ``RUN_DIR/.lock``: the kernel drops it when the process that
+    holds it (and the fork server and nodes, which inherit it) are gone, so a run killed with
+    SIGKILL never leaves a stale lock, and a second ``run.py`` on a live run (fresh or
+    ``--resume``) stops before it touches anything of it, sockets included."""
+    global _run_dir_lock
+    import fcntl
+
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        fd = os.open(os.path.join(run_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise CommandFailed(f"cannot use run directory {run_dir}: {exc.strerror or exc}"
+                            f"{f' ({exc.filename})' if exc.filename else ''}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise UsageError(f"run directory {run_dir} is in use by another run.py (pid "
+                         f"{holder}); stop that run or choose another directory") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    except OSError as exc:
+        raise CommandFailed(f"cannot write to run directory {run_dir}: {exc}") from None
+    _run_dir_lock = fd
+
+
+def _supervise(graph, run_dir: str, resume: str | None, quiet: bool,
+               checked: dict | None = None) -> int:
     import logging
 
     import uvloop
@@ -186,7 +225,7 @@ def _supervise(graph, run_dir: str, resume: str | None, quiet: bool) -> int:
         print(f"resuming from {resume}", file=sys.stderr)
 
     async def go() -> int:
-        sup = Supervisor(graph, run_dir, resume=resume, forkserver=server)
+        sup = Supervisor(graph, run_dir, resume=resume, forkserver=server, checked=checked)
         code = await sup.run(progress=None if quiet else _progress)
         if sup.failure:
             print(f"\nerror: {sup.failure}", file=sys.stderr)

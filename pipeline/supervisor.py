@@ -210,7 +210,7 @@ class Supervisor:
     """Runs a graph as processes. Use :meth:`run` (returns an exit code)."""
 
     def __init__(self, graph: Graph, run_dir: str, resume: str | None = None,
-                 forkserver: ForkServer | None = None):
+                 forkserver: ForkServer | None = None, checked: dict | None = None):
         self.graph, self.run_dir, self.resume = graph, run_dir, resume
         self.forkserver = forkserver  # see pipeline.forkserver; None: fresh interpreters
         self.sock_dir = wiring.run_socket_dir(run_dir)
@@ -232,6 +232,9 @@ class Supervisor:
         self.started_at = time.monotonic()
         os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
         os.makedirs(os.path.join(run_dir, "launch"), exist_ok=True)
+        self._events_failed = False
+        self._checking = asyncio.Lock()
+        self._checked: dict[str, str | None] = dict(checked or {})  # checkpoint -> problem
         self._events_file = open(os.path.join(run_dir, "events.jsonl"), "a")  # noqa: SIM115
 
     # --- endpoints --------------------------------------------------------------------------
@@ -250,6 +253,11 @@ class Supervisor:
         # Scripts and tests read this line to know they can send commands: no polling needed.
         print(f"control: {self.control_endpoint}", file=sys.stderr, flush=True)
 
+    @staticmethod
+    def _skipped_checkpoint(line: str) -> None:
+        log.error("%s", line)
+        print(f"\nwarning: {line}", file=sys.stderr, flush=True)
+
     def log_path(self, watcher: Watcher) -> str:
         return os.path.join(self.run_dir, "logs", f"{watcher.instance}.log")
 
@@ -257,8 +265,12 @@ class Supervisor:
 
     async def launch(self, watcher: Watcher) -> Incarnation:
         self.generation += 1
-        # A restarted node resumes from the newest complete checkpoint of this run, if any.
-        resume = wiring.latest_checkpoint(self.run_dir) or self.resume
+        # A restarted node resumes from the newest intact checkpoint of this run, if any
+        # (hashing a large one takes a while: in a thread, one at a time, each verdict cached).
+        async with self._checking:
+            resume = await asyncio.to_thread(wiring.latest_checkpoint, self.run_dir,
+                                             self._skipped_checkpoint, self._checked)
+        resume = resume or self.resume
         launch = wiring.make_launch(self.graph, watcher.node, watcher.replica, self.generation,
                                     self.run_dir, self.sock_dir, self.control_endpoint,
                                     kind=watcher.kind, config=watcher.config, resume=resume)
@@ -367,7 +379,23 @@ class Supervisor:
 
     def _on_heartbeat(self, inc: Incarnation, msg: Heartbeat) -> None:
         inc.last_heartbeat = time.monotonic()
+        previous = (inc.heartbeat.get("status") or {}).get("warning")
         inc.heartbeat = {"topics": msg.topics, "status": msg.extra}
+        warning = msg.extra.get("warning") if isinstance(msg.extra, dict) else None
+        if warning != previous:
+            self._report_warning(inc, warning, previous)
+
+    def _report_warning(self, inc: Incarnation, warning, previous) -> None:
+        """A node's status ``warning`` (e.g. the checkpointer cannot write) is shown on the
+        terminal when it appears and when it clears, and published as an event: a node that
+        works on in a degraded way must not do so silently."""
+        line = (f"{inc.launch.instance}: {warning}" if warning else
+                f"{inc.launch.instance}: recovered ({previous})")
+        log.warning("%s", line)
+        print(f"\nwarning: {line}", file=sys.stderr, flush=True)
+        watcher = next((w for w in self.watchers[inc.launch.node] if w.current is inc), None)
+        if watcher is not None:
+            self.publish_event(watcher, "warning" if warning else "recovered", str(warning or ""))
 
     def _on_failure(self, inc: Incarnation, msg: Failure) -> None:
         inc.failure = msg.error
@@ -601,8 +629,14 @@ class Supervisor:
         msg = Lifecycle(watcher.node, inc, event, detail)
         topic = f"supervisor.{watcher.node}.{event}"
         record = {"t": time.time(), "topic": topic, "instance": inc, "detail": detail}
-        self._events_file.write(json.dumps(record) + "\n")
-        self._events_file.flush()
+        try:
+            self._events_file.write(json.dumps(record) + "\n")
+            self._events_file.flush()
+        except (OSError, ValueError) as exc:  # a full or read-only disk: say so once
+            if not self._events_failed:
+                self._events_failed = True
+                print(f"\nwarning: cannot append to events.jsonl: {exc}", file=sys.stderr,
+                      flush=True)
         with contextlib.suppress(zmq.ZMQError):
             send_now(self.events, [topic.encode(), *codec.encode(msg, "supervisor")])
 
