@@ -45,7 +45,7 @@ import zmq.asyncio
 from pipeline import codec
 from pipeline.channel import Channel
 from pipeline.messages import Credit, Join, Leave, LeaveAck
-from pipeline.sockets import SocketFactory, bind, recv_now, send_now
+from pipeline.sockets import SocketFactory, bind, recv_now, send_now, tap_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class ReliablePublisher:
         # ``completed_through`` was. Subscribers of this node wait on it (see Bus.watermark).
         self._unfinished: collections.deque = collections.deque()
         self.completed_through = 0
-        self.tap = _Tap(bus, endpoint + ".tap")
+        self.tap = _Tap(bus, tap_endpoint(endpoint))
 
     async def send(self, msg) -> None:
         """Queue ``msg`` for every group; wait while any group's queue is at its bound."""

@@ -173,6 +173,36 @@ def _run_in_loop(graph, run_dir: str) -> int:
 
 
 _run_dir_lock: int | None = None  # held (never closed) for as long as this process runs
+SECRET_ENV = "CONDUIT_RUN_SECRET"  # every node process of a run has it (consumer-group joins)
+SECRET_FILE = "secret"
+
+
+def _new_secret(run_dir: str) -> str:
+    """A fresh random secret for this run: written to RUN_DIR/secret (mode 0600) for
+    ``run.py`` clients, and put in the environment every node process inherits."""
+    import secrets
+
+    secret = secrets.token_hex(32)
+    path = os.path.join(run_dir, SECRET_FILE)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.fchmod(fd, 0o600)  # it may have existed with other bits
+            os.write(fd, secret.encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise CommandFailed(f"cannot write {path}: {exc.strerror or exc}") from None
+    os.environ[SECRET_ENV] = secret
+    return secret
+
+
+def read_secret(run_dir: str) -> str | None:
+    try:
+        with open(os.path.join(run_dir, SECRET_FILE)) as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 def _own_run_dir(run_dir: str) -> None:
@@ -185,6 +215,7 @@ def _own_run_dir(run_dir: str) -> None:
     global _run_dir_lock
     import fcntl
 
+    holder = ""
     try:
         os.makedirs(run_dir, exist_ok=True)
         fd = os.open(os.path.join(run_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
@@ -195,6 +226,11 @@ def _own_run_dir(run_dir: str) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        # The run.py that holds it is gone (e.g. killed with SIGKILL): the holders left are its
+        # nodes, which the kernel is killing (they die with their parent). Wait for them.
+        if holder.isdigit() and _gone(int(holder)) and _wait_for_lock(fd, LOCK_WAIT_S):
+            holder = ""
+    if holder:
         os.close(fd)
         raise UsageError(f"run directory {run_dir} is in use by another run.py (pid "
                          f"{holder}); stop that run or choose another directory") from None
@@ -206,6 +242,44 @@ def _own_run_dir(run_dir: str) -> None:
     _run_dir_lock = fd
 
 
+LOCK_WAIT_S = 10.0  # for the nodes of a killed run.py to be gone
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # a zombie has exited
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _wait_for_lock(fd: int, timeout_s: float) -> bool:
+    """Block in flock until the lock is ours or ``timeout_s`` passed (an interval timer
+    interrupts the wait)."""
+    import fcntl
+    import signal
+
+    def expire(*_):
+        raise TimeoutError
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _supervise(graph, run_dir: str, resume: str | None, quiet: bool,
                checked: dict | None = None) -> int:
     import logging
@@ -215,6 +289,7 @@ def _supervise(graph, run_dir: str, resume: str | None, quiet: bool,
     from pipeline import forkserver
     from pipeline.supervisor import Supervisor
 
+    secret = _new_secret(run_dir)
     # Now, while every node kind is imported (graph validation did it) and before the event
     # loop or any ZeroMQ context exists: nodes will be forks of this state.
     server = forkserver.start()
@@ -225,7 +300,8 @@ def _supervise(graph, run_dir: str, resume: str | None, quiet: bool,
         print(f"resuming from {resume}", file=sys.stderr)
 
     async def go() -> int:
-        sup = Supervisor(graph, run_dir, resume=resume, forkserver=server, checked=checked)
+        sup = Supervisor(graph, run_dir, resume=resume, forkserver=server, checked=checked,
+                         secret=secret)
         code = await sup.run(progress=None if quiet else _progress)
         if sup.failure:
             print(f"\nerror: {sup.failure}", file=sys.stderr)
@@ -298,7 +374,7 @@ def control(run_dir: str, command: str, timeout: float = 120.0, **kwargs) -> dic
     sock.setsockopt(zmq.LINGER, 0)
     try:
         sock.connect(info["control"])
-        args = {**kwargs, "_timeout_s": timeout}
+        args = {**kwargs, "_timeout_s": timeout, "_secret": read_secret(run_dir)}
         sock.send_multipart(codec.encode(ControlRequest(command, args), "cli"))
         if not sock.poll(int(timeout * 1000)):
             raise CommandFailed(f"{run_dir}: supervisor did not answer {command!r} within "

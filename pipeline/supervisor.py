@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import os
@@ -45,7 +46,7 @@ from pipeline.messages import (
     Stop,
 )
 from pipeline.node import Launch
-from pipeline.sockets import SocketFactory, bind, send_now
+from pipeline.sockets import SocketFactory, bind, remove_socket_dir, send_now
 
 log = logging.getLogger(__name__)
 
@@ -210,8 +211,12 @@ class Supervisor:
     """Runs a graph as processes. Use :meth:`run` (returns an exit code)."""
 
     def __init__(self, graph: Graph, run_dir: str, resume: str | None = None,
-                 forkserver: ForkServer | None = None, checked: dict | None = None):
+                 forkserver: ForkServer | None = None, checked: dict | None = None,
+                 secret: str | None = None):
         self.graph, self.run_dir, self.resume = graph, run_dir, resume
+        # Control requests from clients must carry it (``run.py`` reads RUN_DIR/secret);
+        # None: not checked (tests that drive a Supervisor directly).
+        self.secret = secret
         self.forkserver = forkserver  # see pipeline.forkserver; None: fresh interpreters
         self.sock_dir = wiring.run_socket_dir(run_dir)
         self.sockets = SocketFactory()
@@ -240,6 +245,7 @@ class Supervisor:
     # --- endpoints --------------------------------------------------------------------------
 
     def _bind(self) -> None:
+        _remove_stale_socket_dir(os.path.join(self.run_dir, "endpoints.json"))
         transport = self.graph.run.transport
         ctl = ("tcp://127.0.0.1:*" if transport == "tcp" else f"ipc://{self.sock_dir}/control")
         ev = ("tcp://127.0.0.1:*" if transport == "tcp" else f"ipc://{self.sock_dir}/events")
@@ -409,7 +415,14 @@ class Supervisor:
         self._send(inc.launch.incarnation, Recorded(inc.launch.incarnation))
 
     async def _on_request(self, identity: bytes, req: ControlRequest) -> None:
-        reply = await self.answer(req.command, dict(req.args))
+        args = dict(req.args)
+        given = args.pop("_secret", None)
+        if self.secret is not None and not (
+                isinstance(given, str) and hmac.compare_digest(given, self.secret)):
+            reply = _error("unauthorized", "the request does not carry this run's secret "
+                                           "(run.py reads it from RUN_DIR/secret)")
+        else:
+            reply = await self.answer(req.command, args)
         with contextlib.suppress(zmq.ZMQError):
             send_now(self.control, [identity, *codec.encode(reply, "supervisor")])
 
@@ -739,7 +752,9 @@ class Supervisor:
                  ("stop its helpers", stop_helpers),
                  ("close its sockets", _as_async(self.sockets.close_all)),
                  ("close the fork server", close_forkserver),
-                 ("close events.jsonl", _as_async(self._events_file.close))]
+                 ("close events.jsonl", _as_async(self._events_file.close)),
+                 ("remove its socket directory", _as_async(
+                     lambda: remove_socket_dir(self.sock_dir)))]
         for what, step in steps:
             try:
                 await step()
@@ -807,6 +822,18 @@ def _retrieve(task: asyncio.Future) -> None:
     not report it as never retrieved (the reply already said it timed out)."""
     if not task.cancelled():
         task.exception()
+
+
+def _remove_stale_socket_dir(endpoints_json: str) -> None:
+    """The socket directory of an earlier run on this run directory that could not remove it
+    (killed with SIGKILL). Safe: we hold the run directory's lock, so that run is over."""
+    try:
+        with open(endpoints_json) as f:
+            control = json.load(f).get("control", "")
+    except (OSError, ValueError, AttributeError):
+        return
+    if isinstance(control, str) and control.startswith("ipc://"):
+        remove_socket_dir(os.path.dirname(control[len("ipc://"):]))
 
 
 def _as_async(fn):

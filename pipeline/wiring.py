@@ -7,19 +7,23 @@ their :class:`~pipeline.node.Launch` objects here.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
 
 from pipeline.graph import Graph
 from pipeline.node import Launch
-from pipeline.sockets import socket_dir
+from pipeline.sockets import private_socket_dir, remove_socket_dir
 
 
 def run_socket_dir(run_dir: str) -> str:
-    """Short per-run directory for ipc sockets (unix socket paths are length-limited)."""
-    key = hashlib.sha1(os.path.abspath(run_dir).encode()).hexdigest()[:10]
-    return socket_dir(key)
+    """A fresh private directory for one run's ipc sockets (see
+    :func:`pipeline.sockets.private_socket_dir`); removed when this process exits, or earlier
+    by whoever calls :func:`pipeline.sockets.remove_socket_dir`."""
+    path = private_socket_dir()
+    atexit.register(remove_socket_dir, path)
+    return path
 
 
 def endpoint(graph: Graph, sock_dir: str, incarnation: str, name: str) -> str:
