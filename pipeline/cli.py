@@ -369,6 +369,9 @@ def control(run_dir: str, command: str, timeout: float = 120.0, **kwargs) -> dic
     except (OSError, ValueError):
         raise UsageError(f"{run_dir}: not a run directory with a live supervisor "
                          f"(no endpoints.json)") from None
+    if not _is_live(run_dir):
+        raise UsageError(f"{run_dir}: no live run (it ended or was killed; "
+                         f"`run.py run --resume {run_dir}` continues it)")
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -388,6 +391,24 @@ def control(run_dir: str, command: str, timeout: float = 120.0, **kwargs) -> dic
             raise UsageError(f"{command}: {reply.reason}")
         raise CommandFailed(f"{command}: {reply.reason} ({code})")
     return reply.result
+
+
+def _is_live(run_dir: str) -> bool:
+    """Whether a run holds the run directory's lock (a directory without one is taken to be
+    live: it may come from a version that did not lock)."""
+    import fcntl
+
+    try:
+        fd = os.open(os.path.join(run_dir, ".lock"), os.O_RDONLY)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def cmd_control_simple(args) -> int:

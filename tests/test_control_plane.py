@@ -85,6 +85,10 @@ def test_every_request_gets_a_reply_with_a_code_in_time(extras):
     assert run.command("status")["nodes"]["sink.0"]["state"] == "running"
     run.interrupt()
     assert run.finish(60) == 0, run.stderr
+    started = time.monotonic()
+    ended = run.cli("status", run.run_dir)  # at once, not after the client's timeout
+    assert ended.returncode == 2 and "no live run" in ended.stderr, ended.stderr
+    assert time.monotonic() - started < 5
 
 
 @pytest.mark.timeout(120)
