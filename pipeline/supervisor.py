@@ -117,7 +117,7 @@ class Watcher:
             raise RunFailed(f"node {self.instance} could not start: {type(exc).__name__}: "
                             f"{exc}") from None
         self.state = "starting"
-        self.task = asyncio.ensure_future(self._watch(self.current))
+        self.task = self.sup.guarded(self._watch(self.current), f"the watcher of {self.instance}")
         ready = asyncio.ensure_future(self.became_ready.wait())
         gave_up = asyncio.ensure_future(self.done.wait())
         try:
@@ -286,7 +286,7 @@ class Supervisor:
         self.incarnations[launch.incarnation] = inc
         inc.process = await self._start_process(path, self.log_path(watcher), watcher.fresh)
         self.publish_event(watcher, "started", f"pid {inc.process.pid}")
-        asyncio.ensure_future(self._reap(watcher, inc))
+        self.guarded(self._reap(watcher, inc), f"reaping {launch.incarnation}")
         return inc
 
     async def _start_process(self, launch_path: str, log_path: str, fresh: bool):
@@ -369,7 +369,11 @@ class Supervisor:
             inc = self.incarnations.get(identity.decode(errors="replace"))
             handler = handlers.get(type(msg))
             if inc is not None and handler is not None:
-                handler(inc, msg)
+                try:
+                    handler(inc, msg)
+                except Exception:  # noqa: BLE001 - one bad message must not deafen the run
+                    log.exception("control message %s from %s", type(msg).__name__,
+                                  inc.launch.incarnation)
 
     def _on_hello(self, inc: Incarnation, msg: Hello) -> None:
         inc.endpoints = msg.endpoints
@@ -653,6 +657,22 @@ class Supervisor:
         with contextlib.suppress(zmq.ZMQError):
             send_now(self.events, [topic.encode(), *codec.encode(msg, "supervisor")])
 
+    def guarded(self, coro, what: str) -> asyncio.Task:
+        """A task of the supervisor's own: if it dies of an exception, the run fails with one
+        line saying so (and the teardown leaves no process) instead of going on deaf."""
+
+        def check(task: asyncio.Task) -> None:
+            if task.cancelled() or task.exception() is None:
+                return
+            exc = task.exception()
+            log.error("%s failed", what, exc_info=exc)
+            self.fail(f"supervisor error in {what}: {type(exc).__name__}: {exc} (traceback in "
+                      f"{os.path.join(self.run_dir, 'supervisor.log')})")
+
+        task = asyncio.ensure_future(coro)
+        task.add_done_callback(check)
+        return task
+
     def fail(self, reason: str) -> None:
         """The run cannot succeed any more: stop it; it exits 1 with ``reason``."""
         if self.failure is None:
@@ -704,10 +724,11 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.end, f"signal {sig.name}")
-        helpers = [asyncio.ensure_future(c) for c in
-                   (self._serve_control(), self._heartbeat_watchdog(), self._watch_completion())]
+        helpers = [self.guarded(self._serve_control(), "the control endpoint"),
+                   self.guarded(self._heartbeat_watchdog(), "the heartbeat watchdog"),
+                   self.guarded(self._watch_completion(), "the stop condition")]
         if progress is not None:
-            helpers.append(asyncio.ensure_future(progress(self)))
+            helpers.append(self.guarded(progress(self), "the progress line"))
         try:
             try:
                 await self._start_all()
