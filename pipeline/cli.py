@@ -287,7 +287,7 @@ def _supervise(graph, run_dir: str, resume: str | None, quiet: bool,
     import uvloop
 
     from pipeline import forkserver
-    from pipeline.supervisor import Supervisor
+    from pipeline.supervisor import STOP_CONDITION, Supervisor
 
     secret = _new_secret(run_dir)
     # Now, while every node kind is imported (graph validation did it) and before the event
@@ -305,8 +305,10 @@ def _supervise(graph, run_dir: str, resume: str | None, quiet: bool,
         code = await sup.run(progress=None if quiet else _progress)
         if sup.failure:
             print(f"\nerror: {sup.failure}", file=sys.stderr)
-        else:
+        elif sup.ended_by in (None, STOP_CONDITION, "duration"):
             print(f"\nrun finished: {run_dir}", file=sys.stderr)
+        else:
+            print(f"\nrun stopped ({sup.ended_by}): {run_dir}", file=sys.stderr)
         return code
 
     try:
