@@ -82,8 +82,13 @@ class Watcher:
     """Keeps one replica (``<node>.<replica>``) running according to its restart policy."""
 
     def __init__(self, sup: Supervisor, node: str, replica: int, kind: str | None = None,
-                 config: dict | None = None, fresh: bool = False):
+                 config: dict | None = None, fresh: bool = False, trial: bool = False):
         self.sup, self.node, self.replica = sup, node, replica
+        # A trial (a swap's replacement, a replica added by scale) that fails before it was
+        # ever ready is refused: the command that started it answers with why, and the run
+        # goes on as it was. Once ready it is watched like any other replica.
+        self.trial = trial
+        self.trial_failure: str | None = None
         # A fresh interpreter per start instead of a fork of the supervisor's fork server:
         # a swapped-in node must run the code on disk now, not what the server imported.
         self.fresh = fresh
@@ -129,7 +134,8 @@ class Watcher:
         if self.became_ready.is_set() or self.state == "finished":
             return self.current
         if self.done.is_set():
-            raise RunFailed(self.sup.failure or f"node {self.instance} could not start; see "
+            raise RunFailed(self.trial_failure or self.sup.failure or
+                            f"node {self.instance} could not start; see "
                             f"{self.sup.log_path(self)}")
         raise RunFailed(f"node {self.instance} was not ready after "
                         f"{self.sup.graph.run.ready_timeout_s:.0f}s; see "
@@ -152,6 +158,13 @@ class Watcher:
             failed = not inc.finished or inc.returncode != 0
             if not failed:
                 self.state = "finished"
+                break
+            if self.trial and not self.became_ready.is_set():
+                self.state = "failed"
+                self.trial_failure = (
+                    f"node {self.instance} exited with code {inc.returncode} before it was "
+                    f"ready{': ' + inc.failure if inc.failure else ''}; see "
+                    f"{self.sup.log_path(self)}")
                 break
             if policy.policy == "never":
                 self.state = "failed"
@@ -617,9 +630,16 @@ class Supervisor:
         if not isinstance(replicas, int) or replicas < 1:
             raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
         while len(watchers) < replicas:
-            w = Watcher(self, node, len(watchers), watchers[0].kind, watchers[0].config)
+            w = Watcher(self, node, len(watchers), watchers[0].kind, watchers[0].config,
+                        trial=True)
             watchers.append(w)
-            await w.start()
+            try:
+                await w.start()
+            except RunFailed as exc:
+                watchers.remove(w)
+                await w.stop("could not start")
+                raise RunFailed(f"scale of {node} stopped at {len(watchers)} replicas: "
+                                f"{exc}") from None
         while len(watchers) > replicas:
             w = watchers.pop()
             await w.stop("scaled down")
@@ -631,8 +651,15 @@ class Supervisor:
         return self.watchers[node]
 
     async def _replace(self, old: Watcher, kind, config, event: str) -> None:
-        replacement = Watcher(self, old.node, old.replica, kind, config, fresh=True)
-        await replacement.start()  # ready before the old one is asked to stop
+        replacement = Watcher(self, old.node, old.replica, kind, config, fresh=True,
+                              trial=True)
+        try:
+            await replacement.start()  # ready before the old one is asked to stop
+        except RunFailed as exc:
+            await replacement.stop("could not start")
+            verb = {"swapped": "swap", "restarted": "restart"}.get(event, event)
+            raise RunFailed(f"{verb} of {old.instance} refused, it keeps running: "
+                            f"{exc}") from None
         watchers = self.watchers[old.node]
         watchers[watchers.index(old)] = replacement
         replacement.restarts = old.restarts
