@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import os
@@ -45,7 +46,7 @@ from pipeline.messages import (
     Stop,
 )
 from pipeline.node import Launch
-from pipeline.sockets import SocketFactory, bind, send_now
+from pipeline.sockets import SocketFactory, bind, remove_socket_dir, send_now
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +82,13 @@ class Watcher:
     """Keeps one replica (``<node>.<replica>``) running according to its restart policy."""
 
     def __init__(self, sup: Supervisor, node: str, replica: int, kind: str | None = None,
-                 config: dict | None = None, fresh: bool = False):
+                 config: dict | None = None, fresh: bool = False, trial: bool = False):
         self.sup, self.node, self.replica = sup, node, replica
+        # A trial (a swap's replacement, a replica added by scale) that fails before it was
+        # ever ready is refused: the command that started it answers with why, and the run
+        # goes on as it was. Once ready it is watched like any other replica.
+        self.trial = trial
+        self.trial_failure: str | None = None
         # A fresh interpreter per start instead of a fork of the supervisor's fork server:
         # a swapped-in node must run the code on disk now, not what the server imported.
         self.fresh = fresh
@@ -116,7 +122,7 @@ class Watcher:
             raise RunFailed(f"node {self.instance} could not start: {type(exc).__name__}: "
                             f"{exc}") from None
         self.state = "starting"
-        self.task = asyncio.ensure_future(self._watch(self.current))
+        self.task = self.sup.guarded(self._watch(self.current), f"the watcher of {self.instance}")
         ready = asyncio.ensure_future(self.became_ready.wait())
         gave_up = asyncio.ensure_future(self.done.wait())
         try:
@@ -128,7 +134,8 @@ class Watcher:
         if self.became_ready.is_set() or self.state == "finished":
             return self.current
         if self.done.is_set():
-            raise RunFailed(self.sup.failure or f"node {self.instance} could not start; see "
+            raise RunFailed(self.trial_failure or self.sup.failure or
+                            f"node {self.instance} could not start; see "
                             f"{self.sup.log_path(self)}")
         raise RunFailed(f"node {self.instance} was not ready after "
                         f"{self.sup.graph.run.ready_timeout_s:.0f}s; see "
@@ -151,6 +158,13 @@ class Watcher:
             failed = not inc.finished or inc.returncode != 0
             if not failed:
                 self.state = "finished"
+                break
+            if self.trial and not self.became_ready.is_set():
+                self.state = "failed"
+                self.trial_failure = (
+                    f"node {self.instance} exited with code {inc.returncode} before it was "
+                    f"ready{': ' + inc.failure if inc.failure else ''}; see "
+                    f"{self.sup.log_path(self)}")
                 break
             if policy.policy == "never":
                 self.state = "failed"
@@ -210,8 +224,12 @@ class Supervisor:
     """Runs a graph as processes. Use :meth:`run` (returns an exit code)."""
 
     def __init__(self, graph: Graph, run_dir: str, resume: str | None = None,
-                 forkserver: ForkServer | None = None):
+                 forkserver: ForkServer | None = None, checked: dict | None = None,
+                 secret: str | None = None):
         self.graph, self.run_dir, self.resume = graph, run_dir, resume
+        # Control requests from clients must carry it (``run.py`` reads RUN_DIR/secret);
+        # None: not checked (tests that drive a Supervisor directly).
+        self.secret = secret
         self.forkserver = forkserver  # see pipeline.forkserver; None: fresh interpreters
         self.sock_dir = wiring.run_socket_dir(run_dir)
         self.sockets = SocketFactory()
@@ -232,11 +250,15 @@ class Supervisor:
         self.started_at = time.monotonic()
         os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
         os.makedirs(os.path.join(run_dir, "launch"), exist_ok=True)
+        self._events_failed = False
+        self._checking = asyncio.Lock()
+        self._checked: dict[str, str | None] = dict(checked or {})  # checkpoint -> problem
         self._events_file = open(os.path.join(run_dir, "events.jsonl"), "a")  # noqa: SIM115
 
     # --- endpoints --------------------------------------------------------------------------
 
     def _bind(self) -> None:
+        _remove_stale_socket_dir(os.path.join(self.run_dir, "endpoints.json"))
         transport = self.graph.run.transport
         ctl = ("tcp://127.0.0.1:*" if transport == "tcp" else f"ipc://{self.sock_dir}/control")
         ev = ("tcp://127.0.0.1:*" if transport == "tcp" else f"ipc://{self.sock_dir}/events")
@@ -250,6 +272,11 @@ class Supervisor:
         # Scripts and tests read this line to know they can send commands: no polling needed.
         print(f"control: {self.control_endpoint}", file=sys.stderr, flush=True)
 
+    @staticmethod
+    def _skipped_checkpoint(line: str) -> None:
+        log.error("%s", line)
+        print(f"\nwarning: {line}", file=sys.stderr, flush=True)
+
     def log_path(self, watcher: Watcher) -> str:
         return os.path.join(self.run_dir, "logs", f"{watcher.instance}.log")
 
@@ -257,8 +284,12 @@ class Supervisor:
 
     async def launch(self, watcher: Watcher) -> Incarnation:
         self.generation += 1
-        # A restarted node resumes from the newest complete checkpoint of this run, if any.
-        resume = wiring.latest_checkpoint(self.run_dir) or self.resume
+        # A restarted node resumes from the newest intact checkpoint of this run, if any
+        # (hashing a large one takes a while: in a thread, one at a time, each verdict cached).
+        async with self._checking:
+            resume = await asyncio.to_thread(wiring.latest_checkpoint, self.run_dir,
+                                             self._skipped_checkpoint, self._checked)
+        resume = resume or self.resume
         launch = wiring.make_launch(self.graph, watcher.node, watcher.replica, self.generation,
                                     self.run_dir, self.sock_dir, self.control_endpoint,
                                     kind=watcher.kind, config=watcher.config, resume=resume)
@@ -268,7 +299,7 @@ class Supervisor:
         self.incarnations[launch.incarnation] = inc
         inc.process = await self._start_process(path, self.log_path(watcher), watcher.fresh)
         self.publish_event(watcher, "started", f"pid {inc.process.pid}")
-        asyncio.ensure_future(self._reap(watcher, inc))
+        self.guarded(self._reap(watcher, inc), f"reaping {launch.incarnation}")
         return inc
 
     async def _start_process(self, launch_path: str, log_path: str, fresh: bool):
@@ -351,7 +382,11 @@ class Supervisor:
             inc = self.incarnations.get(identity.decode(errors="replace"))
             handler = handlers.get(type(msg))
             if inc is not None and handler is not None:
-                handler(inc, msg)
+                try:
+                    handler(inc, msg)
+                except Exception:  # noqa: BLE001 - one bad message must not deafen the run
+                    log.exception("control message %s from %s", type(msg).__name__,
+                                  inc.launch.incarnation)
 
     def _on_hello(self, inc: Incarnation, msg: Hello) -> None:
         inc.endpoints = msg.endpoints
@@ -367,7 +402,23 @@ class Supervisor:
 
     def _on_heartbeat(self, inc: Incarnation, msg: Heartbeat) -> None:
         inc.last_heartbeat = time.monotonic()
+        previous = (inc.heartbeat.get("status") or {}).get("warning")
         inc.heartbeat = {"topics": msg.topics, "status": msg.extra}
+        warning = msg.extra.get("warning") if isinstance(msg.extra, dict) else None
+        if warning != previous:
+            self._report_warning(inc, warning, previous)
+
+    def _report_warning(self, inc: Incarnation, warning, previous) -> None:
+        """A node's status ``warning`` (e.g. the checkpointer cannot write) is shown on the
+        terminal when it appears and when it clears, and published as an event: a node that
+        works on in a degraded way must not do so silently."""
+        line = (f"{inc.launch.instance}: {warning}" if warning else
+                f"{inc.launch.instance}: recovered ({previous})")
+        log.warning("%s", line)
+        print(f"\nwarning: {line}", file=sys.stderr, flush=True)
+        watcher = next((w for w in self.watchers[inc.launch.node] if w.current is inc), None)
+        if watcher is not None:
+            self.publish_event(watcher, "warning" if warning else "recovered", str(warning or ""))
 
     def _on_failure(self, inc: Incarnation, msg: Failure) -> None:
         inc.failure = msg.error
@@ -381,7 +432,14 @@ class Supervisor:
         self._send(inc.launch.incarnation, Recorded(inc.launch.incarnation))
 
     async def _on_request(self, identity: bytes, req: ControlRequest) -> None:
-        reply = await self.answer(req.command, dict(req.args))
+        args = dict(req.args)
+        given = args.pop("_secret", None)
+        if self.secret is not None and not (
+                isinstance(given, str) and hmac.compare_digest(given, self.secret)):
+            reply = _error("unauthorized", "the request does not carry this run's secret "
+                                           "(run.py reads it from RUN_DIR/secret)")
+        else:
+            reply = await self.answer(req.command, args)
         with contextlib.suppress(zmq.ZMQError):
             send_now(self.control, [identity, *codec.encode(reply, "supervisor")])
 
@@ -572,9 +630,16 @@ class Supervisor:
         if not isinstance(replicas, int) or replicas < 1:
             raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
         while len(watchers) < replicas:
-            w = Watcher(self, node, len(watchers), watchers[0].kind, watchers[0].config)
+            w = Watcher(self, node, len(watchers), watchers[0].kind, watchers[0].config,
+                        trial=True)
             watchers.append(w)
-            await w.start()
+            try:
+                await w.start()
+            except RunFailed as exc:
+                watchers.remove(w)
+                await w.stop("could not start")
+                raise RunFailed(f"scale of {node} stopped at {len(watchers)} replicas: "
+                                f"{exc}") from None
         while len(watchers) > replicas:
             w = watchers.pop()
             await w.stop("scaled down")
@@ -586,8 +651,15 @@ class Supervisor:
         return self.watchers[node]
 
     async def _replace(self, old: Watcher, kind, config, event: str) -> None:
-        replacement = Watcher(self, old.node, old.replica, kind, config, fresh=True)
-        await replacement.start()  # ready before the old one is asked to stop
+        replacement = Watcher(self, old.node, old.replica, kind, config, fresh=True,
+                              trial=True)
+        try:
+            await replacement.start()  # ready before the old one is asked to stop
+        except RunFailed as exc:
+            await replacement.stop("could not start")
+            verb = {"swapped": "swap", "restarted": "restart"}.get(event, event)
+            raise RunFailed(f"{verb} of {old.instance} refused, it keeps running: "
+                            f"{exc}") from None
         watchers = self.watchers[old.node]
         watchers[watchers.index(old)] = replacement
         replacement.restarts = old.restarts
@@ -601,10 +673,32 @@ class Supervisor:
         msg = Lifecycle(watcher.node, inc, event, detail)
         topic = f"supervisor.{watcher.node}.{event}"
         record = {"t": time.time(), "topic": topic, "instance": inc, "detail": detail}
-        self._events_file.write(json.dumps(record) + "\n")
-        self._events_file.flush()
+        try:
+            self._events_file.write(json.dumps(record) + "\n")
+            self._events_file.flush()
+        except (OSError, ValueError) as exc:  # a full or read-only disk: say so once
+            if not self._events_failed:
+                self._events_failed = True
+                print(f"\nwarning: cannot append to events.jsonl: {exc}", file=sys.stderr,
+                      flush=True)
         with contextlib.suppress(zmq.ZMQError):
             send_now(self.events, [topic.encode(), *codec.encode(msg, "supervisor")])
+
+    def guarded(self, coro, what: str) -> asyncio.Task:
+        """A task of the supervisor's own: if it dies of an exception, the run fails with one
+        line saying so (and the teardown leaves no process) instead of going on deaf."""
+
+        def check(task: asyncio.Task) -> None:
+            if task.cancelled() or task.exception() is None:
+                return
+            exc = task.exception()
+            log.error("%s failed", what, exc_info=exc)
+            self.fail(f"supervisor error in {what}: {type(exc).__name__}: {exc} (traceback in "
+                      f"{os.path.join(self.run_dir, 'supervisor.log')})")
+
+        task = asyncio.ensure_future(coro)
+        task.add_done_callback(check)
+        return task
 
     def fail(self, reason: str) -> None:
         """The run cannot succeed any more: stop it; it exits 1 with ``reason``."""
@@ -657,10 +751,11 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.end, f"signal {sig.name}")
-        helpers = [asyncio.ensure_future(c) for c in
-                   (self._serve_control(), self._heartbeat_watchdog(), self._watch_completion())]
+        helpers = [self.guarded(self._serve_control(), "the control endpoint"),
+                   self.guarded(self._heartbeat_watchdog(), "the heartbeat watchdog"),
+                   self.guarded(self._watch_completion(), "the stop condition")]
         if progress is not None:
-            helpers.append(asyncio.ensure_future(progress(self)))
+            helpers.append(self.guarded(progress(self), "the progress line"))
         try:
             try:
                 await self._start_all()
@@ -705,7 +800,9 @@ class Supervisor:
                  ("stop its helpers", stop_helpers),
                  ("close its sockets", _as_async(self.sockets.close_all)),
                  ("close the fork server", close_forkserver),
-                 ("close events.jsonl", _as_async(self._events_file.close))]
+                 ("close events.jsonl", _as_async(self._events_file.close)),
+                 ("remove its socket directory", _as_async(
+                     lambda: remove_socket_dir(self.sock_dir)))]
         for what, step in steps:
             try:
                 await step()
@@ -773,6 +870,18 @@ def _retrieve(task: asyncio.Future) -> None:
     not report it as never retrieved (the reply already said it timed out)."""
     if not task.cancelled():
         task.exception()
+
+
+def _remove_stale_socket_dir(endpoints_json: str) -> None:
+    """The socket directory of an earlier run on this run directory that could not remove it
+    (killed with SIGKILL). Safe: we hold the run directory's lock, so that run is over."""
+    try:
+        with open(endpoints_json) as f:
+            control = json.load(f).get("control", "")
+    except (OSError, ValueError, AttributeError):
+        return
+    if isinstance(control, str) and control.startswith("ipc://"):
+        remove_socket_dir(os.path.dirname(control[len("ipc://"):]))
 
 
 def _as_async(fn):

@@ -19,6 +19,7 @@ import zmq
 
 from pipeline import codec
 from pipeline.cli import control
+from pipeline.sockets import remove_socket_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -93,9 +94,16 @@ class LiveRun:
         """Last resort cleanup: kill the supervisor and every node it started."""
         if self.proc.poll() is None:
             self.proc.kill()
+            self.proc.wait()
         for pid in node_pids(self.run_dir):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
+        # A supervisor killed with SIGKILL could not remove its socket directory.
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            with open(os.path.join(self.run_dir, "endpoints.json")) as f:
+                control = json.load(f)["control"]
+            if control.startswith("ipc://"):
+                remove_socket_dir(os.path.dirname(control[len("ipc://"):]))
 
     def metrics(self) -> list[dict]:
         with open(os.path.join(self.run_dir, "metrics.jsonl")) as f:
@@ -148,5 +156,16 @@ def alive(pid: int) -> bool:
 async def idle_node(config, node, ready):
     """A node kind for tests (``tests.pipeline_harness:idle_node``): never says ready, only
     waits to be stopped; ``wait_ready`` on it can only time out."""
+    await node.stopping.wait()
+    return {}
+
+
+async def secret_probe(config, node, ready):
+    """A node kind for tests (``tests.pipeline_harness:secret_probe``): writes the run secret
+    it sees in its environment to ``RUN_DIR/probe.<replica>`` before it says ready."""
+    ctx = getattr(node, "context", node)
+    with open(os.path.join(ctx.run_dir, f"probe.{ctx.replica}"), "w") as f:
+        f.write(os.environ.get("CONDUIT_RUN_SECRET", ""))
+    ready()
     await node.stopping.wait()
     return {}

@@ -85,6 +85,10 @@ def test_every_request_gets_a_reply_with_a_code_in_time(extras):
     assert run.command("status")["nodes"]["sink.0"]["state"] == "running"
     run.interrupt()
     assert run.finish(60) == 0, run.stderr
+    started = time.monotonic()
+    ended = run.cli("status", run.run_dir)  # at once, not after the client's timeout
+    assert ended.returncode == 2 and "no live run" in ended.stderr, ended.stderr
+    assert time.monotonic() - started < 5
 
 
 @pytest.mark.timeout(120)
@@ -113,6 +117,28 @@ def test_checkpoint_without_a_checkpointer_is_one_line(tmp_path):
         assert result.returncode == 2, result.stderr
         assert result.stderr.count("\n") == 1 and "no running node writes checkpoints" in \
             result.stderr, result.stderr
+        run.interrupt()
+        assert run.finish(60) == 0, run.stderr
+    finally:
+        run.kill()
+
+
+@pytest.mark.timeout(120)
+def test_a_swap_whose_replacement_fails_is_refused_and_the_run_goes_on(tmp_path):
+    run = LiveRun(str(tmp_path / "run"), DEMO, "nodes.source.config.count=0",
+                  "nodes.sink.config.expected=0")
+    try:
+        run.wait_ready()
+        before = run.command("status")["nodes"]["transformer.0"]["pid"]
+        swap = run.cli("swap", run.run_dir, "transformer", "--kind", "tests.crashing_node:run")
+        assert swap.returncode == 1, swap.stderr
+        assert swap.stderr.count("\n") == 1, swap.stderr
+        assert "swap of transformer.0 refused, it keeps running: node transformer.0 exited " \
+               "with code 1 before it was ready: RuntimeError: deliberate failure" in swap.stderr
+        nodes = run.command("status")["nodes"]
+        assert nodes["transformer.0"]["pid"] == before
+        assert nodes["transformer.0"]["state"] == "running"
+        run.wait_for_origin("doubled", 1000)  # data still flows through the old one
         run.interrupt()
         assert run.finish(60) == 0, run.stderr
     finally:

@@ -3,6 +3,7 @@ can be resumed."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -51,3 +52,28 @@ def test_kill_9_of_the_supervisor_leaves_no_process_and_resume_continues(tmp_pat
         run.kill()
         if resumed is not None:
             resumed.kill()
+
+
+def test_a_supervisor_task_that_dies_fails_the_run_in_one_line(tmp_path):
+    from pipeline import graph as graphlib
+    from pipeline.sockets import remove_socket_dir
+    from pipeline.supervisor import Supervisor
+
+    async def broken():
+        raise RuntimeError("boom")
+
+    async def go():
+        sup = Supervisor(graphlib.load(DEMO), str(tmp_path))
+        try:
+            task = sup.guarded(broken(), "the heartbeat watchdog")
+            after = asyncio.Event()  # done callbacks run in the order they were added
+            task.add_done_callback(lambda _: after.set())
+            await after.wait()
+            return sup
+        finally:
+            remove_socket_dir(sup.sock_dir)
+
+    sup = asyncio.run(go())
+    assert sup.stop_event.is_set() and sup.ended_by == "failure"
+    assert sup.failure.startswith("supervisor error in the heartbeat watchdog: "
+                                  "RuntimeError: boom (traceback in ")
