@@ -372,8 +372,14 @@ class ReplayBuffer(RingBuffer):
         """Start positions that may be sampled for the current ``batch_length``."""
         return self.sampler.num_valid()
 
+    def _tensor(self, x) -> torch.Tensor:
+        if isinstance(x, np.ndarray) and not x.flags.writeable:
+            x = x.copy()  # torch has no read-only tensors (a wire buffer is read-only)
+        return torch.as_tensor(x, device=self._device)
+
     def add_batch(self, batch, env_ids=None, blocking: bool = False, *, version: int = 0):
-        """Append one step per environment in ``env_ids`` (distinct ids).
+        """Append one step per environment in ``env_ids`` (distinct ids). The batch's
+        arrays may be tensors or numpy arrays (read-only ones too: they are copied in).
 
         ``version`` is the policy version that collected the steps (read by
         ``MaxStaleness`` and ``SampleStatistics``).
@@ -387,9 +393,9 @@ class ReplayBuffer(RingBuffer):
             self.episodes.on_write(
                 torch.as_tensor(claim.env_ids),
                 torch.as_tensor(claim.positions),
-                get_field(batch, "step_type").to(self._device).reshape(-1),
-                get_field(batch, "discount").to(self._device),
-                get_field(batch, "reward").to(self._device),
+                self._tensor(get_field(batch, "step_type")).reshape(-1),
+                self._tensor(get_field(batch, "discount")),
+                self._tensor(get_field(batch, "reward")),
             )
         self.writer.commit(claim)
         self.sampler.on_write(claim.env_ids, claim.positions)
