@@ -372,11 +372,6 @@ class ReplayBuffer(RingBuffer):
         """Start positions that may be sampled for the current ``batch_length``."""
         return self.sampler.num_valid()
 
-    def _tensor(self, x) -> torch.Tensor:
-        if isinstance(x, np.ndarray) and not x.flags.writeable:
-            x = x.copy()  # torch has no read-only tensors (a wire buffer is read-only)
-        return torch.as_tensor(x, device=self._device)
-
     def add_batch(self, batch, env_ids=None, blocking: bool = False, *, version: int = 0):
         """Append one step per environment in ``env_ids`` (distinct ids). The batch's
         arrays may be tensors or numpy arrays (read-only ones too: they are copied in).
@@ -391,11 +386,11 @@ class ReplayBuffer(RingBuffer):
         self.slot_info.on_write(claim.slots, version)
         if self.episodes is not None:
             self.episodes.on_write(
-                torch.as_tensor(claim.env_ids),
-                torch.as_tensor(claim.positions),
-                self._tensor(get_field(batch, "step_type")).reshape(-1),
-                self._tensor(get_field(batch, "discount")),
-                self._tensor(get_field(batch, "reward")),
+                claim.env_ids,
+                claim.positions,
+                get_field(batch, "step_type"),
+                get_field(batch, "discount"),
+                get_field(batch, "reward"),
             )
         self.writer.commit(claim)
         self.sampler.on_write(claim.env_ids, claim.positions)
