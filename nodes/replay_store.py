@@ -14,7 +14,8 @@ policy that produced it, a sample request the learner's newest version), sampled
 statistics and the throughput monitor (published as ``replay/...`` metrics), ERE or a fixed
 ``sample_range``, ``num_earliest_frames_ignored``, n-step returns and episodic information
 added to each sample (``nstep.*``, ``episode.*`` fields, ``[B]``, of each sequence's first
-step), and prioritized replay whose IS exponent is annealed from ``beta_start`` to 1.0. A
+step), prioritized replay whose IS exponent is annealed from ``beta_start`` to 1.0, and
+frames stored once (``frame_stack``: stacks of the last k frames rebuilt per sample). A
 sample request that finds nothing to sample (everything evicted or stale) waits for inserts,
 and inserts are not held back meanwhile.
 
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from nodes._common import resolve_device, to_torch
+from nodes._common import resolve_device
 from nodes.messages import ExperienceBatch, Metrics, SampleBatch, StateReply
 from pipeline.config import ConfigError
 from storage import (
@@ -51,6 +52,7 @@ from storage import (
     ThroughputMonitor,
     nstep_returns,
 )
+from storage.frame_stack import check_stackable, stacked_frames
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +104,12 @@ class Config:
         "doc": "discounted return of steps whose episode has not ended"})
     reward_clip: list[float] | None = field(default=None, metadata={
         "doc": "[min, max] clip of rewards in the discounted return"})
+    frame_stack: int = field(default=1, metadata={
+        "doc": "keep single frames of frame_field and rebuild stacks of the last k at sample "
+               "time, never across an episode start (raises num_earliest_frames_ignored to "
+               "k - 1)", "minimum": 1})
+    frame_field: str = field(default="observation", metadata={
+        "doc": "the experience field holding one frame per step (for frame_stack)"})
     min_size_to_sample: int = field(default=1000, metadata={"doc": "steps before sampling"})
     samples_per_insert: float | None = field(default=None, metadata={"doc": "rate limit"})
     spi_tolerance: float = field(default=10_000.0, metadata={"doc": "rate limit slack, items"})
@@ -119,6 +127,8 @@ class Config:
         if self.num_earliest_frames_ignored >= self.max_length:
             raise ConfigError("num_earliest_frames_ignored",
                               f"must be below max_length {self.max_length}")
+        if self.frame_stack > self.max_length:
+            raise ConfigError("frame_stack", f"must not exceed max_length {self.max_length}")
         if not 0.0 <= self.beta_start <= 1.0:
             raise ConfigError("beta_start", f"must lie in [0, 1], got {self.beta_start}")
         if self.beta_anneal_samples < 0:
@@ -240,10 +250,12 @@ class ReplayStore:
         per = PER(config.priority_replay_alpha, config.beta_start,
                   config.priority_replay_eps) if config.prioritized_sampling else None
         self.controls = _controls(config)
-        episodic = config.keep_episodic_info or config.record_episodic_return
+        stacking = config.frame_stack > 1  # stacks need episode starts and k - 1 older frames
+        episodic = config.keep_episodic_info or config.record_episodic_return or stacking
         self.buffer = ReplayBuffer(
             spec, config.num_environments, config.max_length,
-            num_earliest_frames_ignored=config.num_earliest_frames_ignored,
+            num_earliest_frames_ignored=max(config.num_earliest_frames_ignored,
+                                            config.frame_stack - 1),
             prioritized_sampling=config.prioritized_sampling,
             initial_priority=config.initial_priority,
             recent_data_ratio=config.recent_data_ratio,
@@ -255,6 +267,11 @@ class ReplayStore:
             reward_clip=tuple(config.reward_clip) if config.reward_clip else None,
             device=self.device, per=per, seed=config.seed, storage_dir=self.storage_dir,
             controls=tuple(self.controls.values()))
+        if stacking:
+            try:
+                check_stackable(self.buffer, config.frame_field, config.frame_stack)
+            except ValueError as exc:
+                raise ValueError(f"replay_store frame_field: {exc}") from None
 
     def describe(self) -> dict:
         """What the buffer was built with, read back from the buffer itself (for status)."""
@@ -265,7 +282,9 @@ class ReplayStore:
                 "prioritized": b._prioritized_sampling, "episodic": b.episodes is not None,
                 "num_earliest_frames_ignored": b.sampler.num_earliest_frames_ignored,
                 "ere": self.ere is not None, "sample_range": self.config.sample_range,
-                "nstep": self.config.nstep}
+                "nstep": self.config.nstep, "frame_stack": self.config.frame_stack,
+                "frame_shape": list(b.data_spec[self.config.frame_field].shape)
+                if self.config.frame_field in b.data_spec else None}
 
     def reattach(self) -> bool:
         """Map the buffer a previous incarnation left in ``storage_dir``; True if there was one.
@@ -292,7 +311,8 @@ class ReplayStore:
                              f"num_environments is {self.config.num_environments}")
         if self.buffer is None:
             self.make_buffer(msg.experience)
-        self.buffer.add_batch(to_torch(msg.experience), torch.from_numpy(env_ids.copy()),
+        # The wire's arrays are copied straight into the rings (no torch copy in between).
+        self.buffer.add_batch(dict(msg.experience), env_ids.astype(np.int64, copy=False),
                               version=msg.version)
         self.limiter.on_insert(len(env_ids))
 
@@ -321,6 +341,10 @@ class ReplayStore:
         self.last_sample["start_age_max"] = int((newest - info.positions).max())
         self.last_sample["start_offset_min"] = int((info.positions - earliest).min())
         experience = {k: v.cpu() for k, v in data.items()}
+        if self.config.frame_stack > 1:
+            experience[self.config.frame_field] = stacked_frames(
+                self.buffer, self.config.frame_field, info.env_ids, info.positions,
+                req.batch_length, self.config.frame_stack).cpu()
         experience.update(self._extras(info))
         self.limiter.on_sample(req.batch_size)
         return SampleBatch(experience, info.env_ids.cpu(), info.positions.cpu(),

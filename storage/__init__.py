@@ -32,6 +32,13 @@ from storage.segment_tree import (
     SumSegmentTree,
     available_backends,
 )
+from storage.sharding import (
+    ShardMass,
+    global_importance_weights,
+    shard_for_env,
+    shard_mass,
+    split_batch,
+)
 
 __all__ = [
     "Backend",
@@ -56,6 +63,7 @@ __all__ = [
     "RingWriter",
     "SampleStatistics",
     "SegmentTree",
+    "ShardMass",
     "SlotInfo",
     "SlotSampler",
     "StepType",
@@ -64,6 +72,10 @@ __all__ = [
     "TensorSpec",
     "ThroughputMonitor",
     "available_backends",
+    "global_importance_weights",
     "nstep_returns",
     "select_backend",
+    "shard_for_env",
+    "shard_mass",
+    "split_batch",
 ]

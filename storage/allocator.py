@@ -96,7 +96,8 @@ class MmapAllocator:
         entry = {"shape": list(shape), "dtype": str(dtype)}
         numel = math.prod(shape)
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        existed = os.path.exists(path) and os.path.getsize(path) == nbytes
+        fresh = not os.path.exists(path)
+        existed = not fresh and os.path.getsize(path) == nbytes
         if self._layout.get(name) not in (None, entry):
             raise ValueError(
                 f"{path} holds {self._layout[name]}, but the buffer asks for {entry}: "
@@ -105,7 +106,7 @@ class MmapAllocator:
         tensor = torch.from_file(path, shared=True, size=numel, dtype=dtype).reshape(shape)
         if existed:
             self.reattached.add(name)
-        else:
+        elif not (fresh and fill == 0):  # a new file is sparse and reads as zeros already
             tensor.fill_(fill)
         if self._layout.get(name) != entry:
             self._layout[name] = entry

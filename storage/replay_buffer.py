@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from storage.allocator import MemoryAllocator, MmapAllocator
@@ -372,7 +373,8 @@ class ReplayBuffer(RingBuffer):
         return self.sampler.num_valid()
 
     def add_batch(self, batch, env_ids=None, blocking: bool = False, *, version: int = 0):
-        """Append one step per environment in ``env_ids`` (distinct ids).
+        """Append one step per environment in ``env_ids`` (distinct ids). The batch's
+        arrays may be tensors or numpy arrays (read-only ones too: they are copied in).
 
         ``version`` is the policy version that collected the steps (read by
         ``MaxStaleness`` and ``SampleStatistics``).
@@ -384,15 +386,16 @@ class ReplayBuffer(RingBuffer):
         self.slot_info.on_write(claim.slots, version)
         if self.episodes is not None:
             self.episodes.on_write(
-                torch.as_tensor(claim.env_ids),
-                torch.as_tensor(claim.positions),
-                get_field(batch, "step_type").to(self._device).reshape(-1),
-                get_field(batch, "discount").to(self._device),
-                get_field(batch, "reward").to(self._device),
+                claim.env_ids,
+                claim.positions,
+                get_field(batch, "step_type"),
+                get_field(batch, "discount"),
+                get_field(batch, "reward"),
             )
         self.writer.commit(claim)
         self.sampler.on_write(claim.env_ids, claim.positions)
-        pos = torch.as_tensor(claim.positions)
+        pos = claim.positions
+        pos = torch.from_numpy(pos) if isinstance(pos, np.ndarray) else pos
         if not self.controls:
             return pos
         env_ids, overwritten = torch.as_tensor(claim.env_ids), claim.overwritten
@@ -585,7 +588,13 @@ class ReplayBuffer(RingBuffer):
 
 
 def _batch_size(batch) -> int:
-    sizes = {int(t.shape[0]) for t in leaves(batch)}
+    if type(batch) is dict:  # the flat dict the replay store writes: no nest walk
+        try:
+            sizes = {v.shape[0] for v in batch.values()}
+        except AttributeError:  # nested
+            sizes = {int(t.shape[0]) for t in leaves(batch)}
+    else:
+        sizes = {int(t.shape[0]) for t in leaves(batch)}
     if len(sizes) != 1:
         raise ValueError(f"every tensor of a batch needs the same leading size, got {sizes}")
     return sizes.pop()

@@ -53,6 +53,15 @@ class RingStorage:
             if self.device.type == "cpu"
             else None
         )
+        # A flat dict of fields (what the replay store keeps) is written key by key, without
+        # walking the nest (add_batch's largest cost was that walk).
+        self._host_items = (
+            list(self._host.items())
+            if self._host is not None
+            and isinstance(self._host, dict)
+            and all(isinstance(v, np.ndarray) for v in self._host.values())
+            else None
+        )
 
     def _make_field(self, spec, path):
         return self.allocator.tensor(
@@ -61,6 +70,12 @@ class RingStorage:
 
     def write_slots(self, slots, batch) -> None:
         """Store ``batch[i]`` at flat slot ``slots[i]`` (numpy on a CPU, else a tensor)."""
+        if self._host_items is not None and type(batch) is dict:
+            slots = host_array(slots)
+            for key, flat in self._host_items:
+                value = batch[key]
+                flat[slots] = value if type(value) is np.ndarray else host_array(value)
+            return
         if self._host is not None:
             slots = host_array(slots)
 
@@ -73,7 +88,7 @@ class RingStorage:
 
         def put(buf, value):
             flat = buf.view((num_slots,) + buf.shape[2:])
-            flat[slots] = value.to(device=buf.device, dtype=buf.dtype)
+            flat[slots] = torch.as_tensor(value).to(device=buf.device, dtype=buf.dtype)
 
         map_structure(put, self.data, batch)
 
@@ -228,8 +243,8 @@ class FusedRingWriter(RingWriter):
             env_ids = self._all_env_ids
         else:
             env_ids = np.asarray(host_array(env_ids)).reshape(-1)
-            if env_ids.dtype != np.int64:
-                env_ids = env_ids.astype(np.int64)
+            if env_ids.dtype != np.int64 or not env_ids.flags.writeable:
+                env_ids = env_ids.astype(np.int64)  # a copy: the ids become tensors later
             if env_ids.shape[0] != batch_size:
                 raise ValueError(f"{batch_size} steps for {env_ids.shape[0]} env_ids")
         pos = np.empty(env_ids.shape[0], dtype=np.int64)
