@@ -16,11 +16,10 @@ from nodes._algorithm_config import AlgorithmConfig  # noqa: F401  (nodes import
 
 
 def env_spaces(env_id: str, env_kwargs: dict | None = None) -> tuple[gym.Space, gym.Space]:
-    env = gym.make(env_id, **(env_kwargs or {}))
-    try:
-        return env.observation_space, env.action_space
-    finally:
-        env.close()
+    """The spaces of the env the runners step (Atari: the preprocessed frame)."""
+    from algorithms.envs import env_spaces as spaces
+
+    return spaces(env_id, env_kwargs)
 
 
 class RandomPolicy:
@@ -67,7 +66,12 @@ def make_algorithm(env_id: str, algorithm: dict, device: str, env_kwargs: dict |
     obs_space, action_space = env_spaces(env_id, env_kwargs)
     if name == "random":
         return RandomPolicy(action_space, **spec)
-    return algorithms.make(name, obs_space, action_space, device=resolve_device(device), **spec)
+    from algorithms import configs
+
+    # The typed config carries data transformer configs (a frame stacker) that the keyword
+    # form of ``algorithms.make`` cannot take.
+    return algorithms.make(configs.parse(dict(algorithm)), obs_space, action_space,
+                           device=resolve_device(device))
 
 
 def resolve_device(device: str) -> str:

@@ -1,10 +1,16 @@
-"""env_runner: steps a batch of Gymnasium environments for the unroller's policy.
+"""env_runner: steps a batch of environments for the unroller's policy.
 
 Each step it sends the envs' ``TimeStep`` (ALF fields, ``NEXT_STEP`` autoreset: the step
 after a LAST is FIRST) to the ``policy`` service and applies the actions it gets back.
 Termination (discount 0) and truncation (discount 1) stay apart. An environment that raises is
 recreated: the runner reports a LAST step (truncation, the previous observation) so no target
 bootstraps across the break, then starts new episodes and keeps going.
+
+Environments come from :func:`algorithms.envs.make_env` (Gymnasium ids, Atari with its
+preprocessing as ``env_kwargs``, MinAtar). Observations go out in the env's dtype (uint8 frames
+stay uint8), one new frame per step: frame stacking is the acting policy's and the replay
+store's. Episode metrics report whole games in raw score, also where the learner sees lost
+lives as episode ends and clipped rewards (Atari training).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from dataclasses import dataclass, field
 import gymnasium as gym
 import numpy as np
 
+from algorithms.envs import make_env as make_vector_env
 from algorithms.steps import StepType, TimeStep, VectorEnvStepper
 from nodes.messages import Metrics, TimeStepBatch
 
@@ -25,9 +32,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Config:
-    env_id: str = field(metadata={"doc": "any registered Gymnasium id"})
+    env_id: str = field(metadata={
+        "doc": "a Gymnasium id, ALE/<Game>-v5, <Game>NoFrameskip-v4 or MinAtar/<Game>-v1"})
     num_envs: int = field(default=1, metadata={"doc": "environments in this runner"})
-    env_kwargs: dict = field(default_factory=dict, metadata={"doc": "gymnasium.make kwargs"})
+    env_kwargs: dict = field(default_factory=dict, metadata={
+        "doc": "gymnasium.make kwargs; Atari/MinAtar: preprocessing options (algorithms.envs)"})
     seed: int = field(default=0, metadata={"doc": "base seed; replica r uses seed + 1000 r"})
     request_timeout_s: float = field(default=60.0, metadata={"doc": "wait for actions"})
     metrics_interval_s: float = field(default=5.0, metadata={"doc": "episode metrics period"})
@@ -39,11 +48,7 @@ class Config:
 
 
 def make_env(config: Config, seed: int, num_envs: int) -> gym.vector.VectorEnv:
-    env = gym.make_vec(config.env_id, num_envs=num_envs, vectorization_mode="sync",
-                       vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP},
-                       **config.env_kwargs)
-    env.action_space.seed(seed)
-    return env
+    return make_vector_env(config.env_id, num_envs, seed, config.env_kwargs, training=True)
 
 
 class EpisodeStats:
@@ -56,15 +61,20 @@ class EpisodeStats:
         self.done_lengths: list[int] = []
         self.episodes = 0
 
-    def update(self, ts: TimeStep, offset: int = 0) -> None:
-        """Fold in one step of the envs ``offset .. offset + len(ts) - 1``."""
+    def update(self, ts: TimeStep, offset: int = 0, score=None, start=None, end=None) -> None:
+        """Fold in one step of the envs ``offset .. offset + len(ts) - 1``.
+
+        ``score``/``start``/``end`` are the stepper's episode marks (raw reward, a game starts,
+        a game ends); by default the time step's reward, FIRST and LAST."""
         view = slice(offset, offset + len(ts.step_type))
         ret, length = self.ret[view], self.length[view]
-        first = ts.step_type == StepType.FIRST
-        ret[first], length[first] = 0.0, 0
-        ret += ts.reward
-        length += ~first
-        for i in offset + np.flatnonzero(ts.step_type == StepType.LAST):
+        if score is None:
+            score, start, end = (ts.reward, ts.step_type == StepType.FIRST,
+                                 ts.step_type == StepType.LAST)
+        ret[start], length[start] = 0.0, 0
+        ret += np.where(start, 0.0, score)
+        length += ~start
+        for i in offset + np.flatnonzero(end):
             self.done_returns.append(float(self.ret[i]))
             self.done_lengths.append(int(self.length[i]))
             self.episodes += 1
@@ -133,7 +143,11 @@ async def _step_group(config: Config, node, group: int, policy, metrics, stats: 
                     stepper.env.close()
                     seed += 1
                     stepper = VectorEnvStepper(make_env(config, seed, size), seed)
-            stats.update(ts, offset=group * size)
+            if need_reset:  # the truncated LAST: its own marks, the stepper's are of a reset
+                stats.update(ts, offset=group * size)
+            else:
+                stats.update(ts, group * size, stepper.score, stepper.episode_start,
+                             stepper.episode_end)
             counters.stepping_s += time.perf_counter() - stepped_from
             counters.steps += size
             node.status.update(steps=counters.steps, stepping_s=round(counters.stepping_s, 3),
