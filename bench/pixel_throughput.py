@@ -95,9 +95,9 @@ def env_limit(env_id: str, num_envs: int, seconds: float) -> float:
 
 
 def _algorithm(env_id: str):
-    from nodes._common import make_algorithm
+    from nodes._common import AlgorithmConfig, make_algorithm
 
-    return make_algorithm(env_id, ALGORITHM, "cpu")
+    return make_algorithm(AlgorithmConfig(env_id, ALGORITHM), "cpu")
 
 
 def inference_limit(env_id: str, batch: int, seconds: float) -> float:

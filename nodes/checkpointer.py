@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nodes.messages import FINAL_CHECKPOINT, StateRequest
+from nodes.messages import FINAL_CHECKPOINT, StateReply, StateRequest
+from pipeline.ports import Ports, Service
 from pipeline.wiring import MARKER, file_sha256, latest_checkpoint
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,11 @@ def prune(root: str, keep: int) -> None:
         shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
+def PORTS(config: Config) -> Ports:  # noqa: N802 - the name the pipeline looks for
+    """It calls every state service in ``services`` (what the graph entry lists)."""
+    return Ports(calls={name: Service(StateRequest, StateReply) for name in config.services})
+
+
 async def run(config: Config, node, ready) -> dict:
     bus = node.bus
     clients = {name: bus.client(name) for name in config.services}
@@ -172,7 +178,7 @@ async def run(config: Config, node, ready) -> dict:
         env_steps = max((r.message.env_steps for r in replies), default=0)
         sequence += 1
         # A restarted checkpointer carries over from the run's newest intact checkpoint.
-        previous = written[-1] if written else latest_checkpoint(bus.context.run_dir)
+        previous = written[-1] if written else latest_checkpoint(node.info.run_dir)
         if carried:
             log.warning("final checkpoint: %s no longer running; their state is carried over "
                         "from %s", ", ".join(carried), previous)

@@ -25,7 +25,8 @@ import numpy as np
 
 from algorithms.envs import make_env as make_vector_env
 from algorithms.steps import StepType, TimeStep, VectorEnvStepper
-from nodes.messages import Metrics, TimeStepBatch
+from nodes.messages import ActionBatch, Metrics, TimeStepBatch
+from pipeline.ports import Port, Ports, Service
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +162,11 @@ async def _step_group(config: Config, node, group: int, policy, metrics, stats: 
                     await metrics.send(Metrics(node.info.instance, counters.env_steps, values))
     finally:
         stepper.env.close()
+
+
+# What the graph entry may list (pipeline.ports): checked at load.
+PORTS = Ports(calls={"policy": Service(TimeStepBatch, ActionBatch)},
+              publishes={"metrics": Port(Metrics, required=False)})
 
 
 async def run(config: Config, node, ready) -> dict:

@@ -18,11 +18,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from algorithms.steps import StepType, VectorEnvStepper, make_vector_env
 from nodes._algorithm_config import AlgorithmConfig
-from nodes.messages import Metrics
+from nodes._algorithm_config import validate as validate
+from nodes.messages import Metrics, Params
+from pipeline.ports import Port, Ports
 
 log = logging.getLogger(__name__)
+
+PORTS = Ports(subscribes={"params": Port(Params)}, publishes={"metrics": Port(Metrics)})
 
 
 @dataclass(frozen=True)
@@ -36,37 +39,19 @@ class Config(AlgorithmConfig):
         "doc": "also evaluate the untrained policy (it competes for CPU with start-up)"})
 
 
-def evaluate(alg, env_id: str, episodes: int, seed: int) -> tuple[float, float]:
-    """Mean return and length of ``episodes`` greedy episodes, one per parallel env."""
-    import torch
-
-    env = make_vector_env(env_id, episodes, seed)
-    try:
-        stepper = VectorEnvStepper(env, seed)
-        ts = stepper.reset()
-        returns = np.zeros(episodes)
-        lengths = np.zeros(episodes)
-        done = np.zeros(episodes, dtype=bool)
-        while not done.all():
-            with torch.no_grad():
-                action = alg.predict_step(ts, ()).output
-            ts = stepper.step(action.cpu().numpy() if isinstance(action, torch.Tensor)
-                              else np.asarray(action))
-            returns += np.where(done, 0.0, ts.reward)
-            lengths += ~done
-            done |= ts.step_type == StepType.LAST
-        return float(returns.mean()), float(lengths.mean())
-    finally:
-        env.close()
-
-
 def _build_algorithm(config: Config, device: str):
     import torch
 
     from nodes._common import make_algorithm
 
     torch.set_num_threads(1)
-    return make_algorithm(config.env_id, config.algorithm, device, config.env_kwargs)
+    return make_algorithm(config, device)
+
+
+def _evaluate(alg, config: Config):
+    from algorithms.evaluation import evaluate  # imports torch: not before the first evaluation
+
+    return evaluate(alg, config.env_id, config.num_eval_episodes, config.seed, config.env_kwargs)
 
 
 async def run(config: Config, node, ready) -> dict:
@@ -74,6 +59,7 @@ async def run(config: Config, node, ready) -> dict:
     # Built at the first evaluation unless that is now. A bad algorithm config then shows at
     # that evaluation; the unroller and learner, which build the same algorithm, fail at start.
     alg = _build_algorithm(config, node.info.device) if config.eval_at_start else None
+    probes = None
     params = bus.subscriber("params")
     metrics = bus.publisher("metrics")
     ready()
@@ -90,8 +76,13 @@ async def run(config: Config, node, ready) -> dict:
         if alg is None:
             alg = await asyncio.to_thread(_build_algorithm, config, node.info.device)
         alg.load_policy_state_dict(msg.params)
+        if probes is None:
+            from nodes._common import ProbeLog  # torch is imported by now
+
+            probes = ProbeLog(node.status, config.probe_observation)
+        probes.record(alg, msg.version)
         mean_return, mean_length = await asyncio.to_thread(
-            evaluate, alg, config.env_id, config.num_eval_episodes, config.seed)
+            _evaluate, alg, config)
         evaluations += 1
         best = max(best, mean_return)
         next_eval = msg.env_steps + config.eval_interval

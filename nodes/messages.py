@@ -84,11 +84,21 @@ class Priorities(Message):
 
 @message("rl.params")
 class Params(Message):
-    """learner -> unroller, evaluator: the policy parameters, with a version that only grows."""
+    """learner -> unroller, evaluator: the policy parameters.
+
+    Parameters are ordered by ``(epoch, version)``. ``version`` counts published updates and
+    grows within a learner and across a swap (the new learner continues the old one's count);
+    ``epoch`` is new whenever a learner starts from anything but a live predecessor (a fresh
+    start, a restart from a checkpoint), so a restarted learner's parameters are taken at once
+    although its version restarted from an older checkpoint."""
 
     version: int
     env_steps: int
     params: dict
+    epoch: int = 0
+
+    def newer_than(self, epoch: int, version: int) -> bool:
+        return (self.epoch, self.version) > (epoch, version)
 
 
 @message("rl.metrics")
@@ -101,12 +111,14 @@ class Metrics(Message):
 
 
 FINAL_CHECKPOINT = "run ending"
+HANDOVER = "handover"  # a swapped-in learner asks its predecessor: stop training, give me all
 
 
 @message("rl.state_request")
 class StateRequest(Message):
     """checkpointer -> learner/replay_store/unroller: send me your full state. ``reason`` is
-    ``FINAL_CHECKPOINT`` for the checkpoint taken when the run stops."""
+    ``FINAL_CHECKPOINT`` for the checkpoint taken when the run stops, ``HANDOVER`` when a
+    swapped-in learner takes over from the one that answers."""
 
     reason: str
 

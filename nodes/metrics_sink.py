@@ -11,11 +11,17 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from nodes.messages import Metrics
+from pipeline.ports import Port, Ports
+
 
 @dataclass(frozen=True)
 class Config:
     filename: str = field(default="metrics.jsonl", metadata={"doc": "in the run directory"})
     tensorboard: bool = field(default=True, metadata={"doc": "also write event files"})
+
+
+PORTS = Ports(subscribes={"metrics": Port(Metrics)})
 
 
 async def run(config: Config, node, ready) -> dict:

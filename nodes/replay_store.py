@@ -37,8 +37,17 @@ import numpy as np
 import torch
 
 from nodes._common import resolve_device
-from nodes.messages import ExperienceBatch, Metrics, SampleBatch, StateReply
+from nodes.messages import (
+    ExperienceBatch,
+    Metrics,
+    Priorities,
+    SampleBatch,
+    SampleRequest,
+    StateReply,
+    StateRequest,
+)
 from pipeline.config import ConfigError
+from pipeline.ports import Port, Ports, Service
 from storage import (
     ERE,
     PER,
@@ -445,6 +454,14 @@ class ReplayStore:
             self.buffer.load_state_dict(state["buffer"])
         self.limiter.inserted, self.limiter.sampled = state["inserted"], state["sampled"]
         self.sample_requests = int(state.get("sample_requests", 0))
+
+
+# What the graph entry may list (pipeline.ports): checked at load.
+PORTS = Ports(subscribes={"experience": Port(ExperienceBatch),
+                          "priorities": Port(Priorities, required=False)},
+              serves={"sample": Service(SampleRequest, SampleBatch),
+                      "replay_state": Service(StateRequest, StateReply, required=False)},
+              publishes={"metrics": Port(Metrics, required=False)})
 
 
 async def run(config: Config, node, ready) -> dict:

@@ -564,4 +564,9 @@ def test_run_py_check(case_files):
 
 @pytest.mark.parametrize("name", sorted(os.listdir(os.path.join(REPO, "graphs"))))
 def test_shipped_graphs_pass_the_check(name):
-    graphlib.load(os.path.join(REPO, "graphs", name))
+    try:
+        graphlib.load(os.path.join(REPO, "graphs", name))
+    except graphlib.GraphError as exc:  # an env of an extra not installed here (atari)
+        if "extra: pip install" not in str(exc):
+            raise
+        pytest.skip(str(exc))
