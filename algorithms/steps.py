@@ -81,9 +81,10 @@ class VectorEnvStepper:
 
     Besides the time step, each ``reset``/``step`` leaves the episode marks that metrics need
     where the learner's episodes and the game's differ (Atari with episodic life and clipped
-    rewards, see :class:`algorithms.envs.atari.AtariEnv`): ``score`` (the raw reward, ``info["raw_reward"]``),
-    ``episode_start`` (a new game begins at this step) and ``episode_end`` (the game ended
-    here). For other envs they are the reward, FIRST and LAST.
+    rewards, see :class:`algorithms.envs.atari.AtariEnv`): ``score`` (the raw reward,
+    ``info["raw_reward"]``), ``episode_start`` (a new game begins at this step) and
+    ``episode_end`` (the game ended here, ``info["game_over"]``). For other envs they are the
+    reward, FIRST and LAST.
     """
 
     def __init__(self, env: gym.vector.VectorEnv, seed: int | None = None):

@@ -11,7 +11,9 @@ time would not. The operations:
       skip unchanged leaves, so this is the cheapest case)
   (b) prioritized sample of 256 indices (fresh random numbers every call)
   (c) full get_batch of 256 (4-float observation, with importance weights)
-  (d) add_batch of one step for each of 16 environments
+  (d) add_batch of one step for each of 16 environments, four fields (step type, reward,
+      discount, 4-float observation) given as numpy arrays to both (``add_batch_torch``:
+      ours given torch tensors)
 
 for Conduit (default kernel, plus every other tree kernel for (a)/(b)), a level-by-level
 binary torch tree in ALF's design, cpprb's PrioritizedReplayBuffer and TorchRL's
@@ -164,6 +166,7 @@ def bench_ours(capacity, batch, calls):
     as_numpy = [t.numpy() for t in (env_ids, positions, *prios)]
     g = torch.Generator().manual_seed(1)
     step = _step_batch(NUM_ENVS, 0)
+    step_numpy = {k: v.numpy() for k, v in step.items()}  # what cpprb's add is given
     contenders |= {
         "conduit_buffer.update": (
             alternating(update, (env_ids, env_ids), (positions, positions), prios),
@@ -179,7 +182,8 @@ def bench_ours(capacity, batch, calls):
             calls,
         ),
         "conduit_buffer.get_batch": (lambda: rb.get_batch(batch, 1), calls),
-        "conduit_buffer.add_batch": (lambda: rb.add_batch(step), calls),
+        "conduit_buffer.add_batch": (lambda: rb.add_batch(step_numpy), calls),
+        "conduit_buffer.add_batch_torch": (lambda: rb.add_batch(step), calls),
     }
     return contenders
 
@@ -229,19 +233,24 @@ def bench_cpprb(capacity, batch, calls, skipped):
     except ImportError as exc:
         skipped["cpprb"] = f"not importable: {exc}"
         return {}
-    rb = cpprb.PrioritizedReplayBuffer(capacity, {"obs": {"shape": 4}}, alpha=0.6)
+    # The same four fields our buffer stores (step type, reward, discount, observation).
+    fields = {"obs": {"shape": 4}, "step_type": {"dtype": np.int64}, "rew": {}, "discount": {}}
+    rb = cpprb.PrioritizedReplayBuffer(capacity, fields, alpha=0.6)
     chunk = 65536
     for _ in range(capacity // chunk):
-        rb.add(obs=np.random.rand(chunk, 4), priorities=np.random.rand(chunk) + 0.1)
+        rb.add(obs=np.random.rand(chunk, 4), step_type=np.ones(chunk, dtype=np.int64),
+               rew=np.ones(chunk), discount=np.ones(chunk),
+               priorities=np.random.rand(chunk) + 0.1)
     idx = np.random.default_rng(0).integers(0, capacity, batch)
     prios = [np.random.default_rng(seed).random(batch) + 0.1 for seed in (1, 2)]
     update = rb.update_priorities
-    step = np.random.rand(NUM_ENVS, 4)
+    step = {"obs": np.random.rand(NUM_ENVS, 4), "step_type": np.ones(NUM_ENVS, dtype=np.int64),
+            "rew": np.ones(NUM_ENVS), "discount": np.ones(NUM_ENVS)}
     return {
         "cpprb.update": (alternating(update, (idx, idx), prios), calls),
         "cpprb.update_repeated": (lambda: update(idx, prios[0]), calls),
         "cpprb.get_batch": (lambda: rb.sample(batch, beta=0.4), calls),
-        "cpprb.add_batch": (lambda: rb.add(obs=step), calls),
+        "cpprb.add_batch": (lambda: rb.add(**step), calls),
     }
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from nodes._common import resolve_device, restore_from_checkpoint, start_state_server, to_torch
+from nodes._common import resolve_device, restore_from_checkpoint, start_state_server
 from nodes.messages import (
     ExperienceBatch,
     Metrics,
@@ -320,7 +320,8 @@ class ReplayStore:
                              f"num_environments is {self.config.num_environments}")
         if self.buffer is None:
             self.make_buffer(msg.experience)
-        self.buffer.add_batch(to_torch(msg.experience), torch.from_numpy(env_ids.copy()),
+        # The wire's arrays are copied straight into the rings (no torch copy in between).
+        self.buffer.add_batch(dict(msg.experience), env_ids.astype(np.int64, copy=False),
                               version=msg.version)
         self.limiter.on_insert(len(env_ids))
 

@@ -32,6 +32,8 @@ from pipeline import codec, kinds
 from pipeline import config as configlib
 from pipeline.bus import Bus, TopicSpec
 from pipeline.messages import (
+    ControlReply,
+    ControlRequest,
     Failure,
     Finished,
     Heartbeat,
@@ -106,6 +108,9 @@ class NodeContext:
         self.info = info
         self.stopping = stopping or asyncio.Event()  # set when the node should finish
         self.status: dict = {}  # plain values, reported in every heartbeat
+        # Commands the supervisor may send this node (``run.py checkpoint``): name -> async
+        # function of the command's arguments returning a dict.
+        self.commands: dict = {}
         self._stopped: asyncio.Future | None = None
 
     async def wait_or_stop(self, aw, timeout: float | None = None, cancel: bool = True):
@@ -275,6 +280,22 @@ class _Control:
         elif isinstance(msg, Stop):
             log.info("%s: stop requested (%s)", self.launch.incarnation, msg.reason)
             self.node.stopping.set()
+        elif isinstance(msg, ControlRequest):
+            asyncio.ensure_future(self._command(msg))
+
+    async def _command(self, req: ControlRequest) -> None:
+        args = dict(req.args)
+        result = {"id": args.pop("id", None)}
+        handler = self.node.commands.get(req.command)
+        try:
+            if handler is None:
+                result["code"] = "unknown_command"
+                raise LookupError(f"no command {req.command!r}")
+            result.update(await handler(**args) or {})
+            self.send(ControlReply(True, result, ""))
+        except Exception as exc:  # noqa: BLE001 - the supervisor is owed a reply
+            result.setdefault("code", "internal")
+            self.send(ControlReply(False, result, f"{self.launch.instance}: {_describe(exc)}"))
 
     async def heartbeats(self) -> None:
         if self.sock is None:

@@ -34,7 +34,7 @@ from pipeline import codec
 from pipeline.broadcast import Tap
 from pipeline.channel import Channel
 from pipeline.messages import Credit, Join, Leave, LeaveAck
-from pipeline.sockets import bind
+from pipeline.sockets import bind, tap_endpoint
 from pipeline.topics import HWM_BYTES, TopicStats
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ class ReliablePublisher:
         self._unfinished: collections.deque = collections.deque()
         self.queued_bytes = 0  # of the messages in _unfinished: bounded by hwm_bytes
         self.completed_through = 0
-        self.tap = Tap(bus, endpoint + ".tap")
+        self.tap = Tap(bus, tap_endpoint(endpoint))
         self._secret = os.environ.get(SECRET_ENV) or None
         self._reaper: asyncio.TimerHandle | None = None
 

@@ -33,6 +33,8 @@ def _flat_cpu(x, dtypes) -> bool:
 
 def _host_vector(x, dtypes) -> np.ndarray:
     """A 1-D numpy array of ``x`` in one of ``dtypes`` (zero-copy for a CPU tensor)."""
+    if type(x) is np.ndarray and x.ndim == 1 and x.dtype is dtypes[0]:
+        return x  # the common case (the writer's own arrays), checked cheaply
     x = host_array(x)
     if not isinstance(x, np.ndarray):
         x = np.asarray(x)

@@ -373,7 +373,8 @@ class ReplayBuffer(RingBuffer):
         return self.sampler.num_valid()
 
     def add_batch(self, batch, env_ids=None, blocking: bool = False, *, version: int = 0):
-        """Append one step per environment in ``env_ids`` (distinct ids).
+        """Append one step per environment in ``env_ids`` (distinct ids). The batch's
+        arrays may be tensors or numpy arrays (read-only ones too: they are copied in).
 
         ``version`` is the policy version that collected the steps (read by
         ``MaxStaleness`` and ``SampleStatistics``).
@@ -385,11 +386,11 @@ class ReplayBuffer(RingBuffer):
         self.slot_info.on_write(claim.slots, version)
         if self.episodes is not None:
             self.episodes.on_write(
-                torch.as_tensor(claim.env_ids),
-                torch.as_tensor(claim.positions),
-                get_field(batch, "step_type").to(self._device).reshape(-1),
-                get_field(batch, "discount").to(self._device),
-                get_field(batch, "reward").to(self._device),
+                claim.env_ids,
+                claim.positions,
+                get_field(batch, "step_type"),
+                get_field(batch, "discount"),
+                get_field(batch, "reward"),
             )
         self.writer.commit(claim)
         self.sampler.on_write(claim.env_ids, claim.positions)

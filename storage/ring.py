@@ -73,7 +73,8 @@ class RingStorage:
         if self._host_items is not None and type(batch) is dict:
             slots = host_array(slots)
             for key, flat in self._host_items:
-                flat[slots] = host_array(batch[key])
+                value = batch[key]
+                flat[slots] = value if type(value) is np.ndarray else host_array(value)
             return
         if self._host is not None:
             slots = host_array(slots)
@@ -87,7 +88,7 @@ class RingStorage:
 
         def put(buf, value):
             flat = buf.view((num_slots,) + buf.shape[2:])
-            flat[slots] = value.to(device=buf.device, dtype=buf.dtype)
+            flat[slots] = torch.as_tensor(value).to(device=buf.device, dtype=buf.dtype)
 
         map_structure(put, self.data, batch)
 
@@ -242,8 +243,8 @@ class FusedRingWriter(RingWriter):
             env_ids = self._all_env_ids
         else:
             env_ids = np.asarray(host_array(env_ids)).reshape(-1)
-            if env_ids.dtype != np.int64:
-                env_ids = env_ids.astype(np.int64)
+            if env_ids.dtype != np.int64 or not env_ids.flags.writeable:
+                env_ids = env_ids.astype(np.int64)  # a copy: the ids become tensors later
             if env_ids.shape[0] != batch_size:
                 raise ValueError(f"{batch_size} steps for {env_ids.shape[0]} env_ids")
         pos = np.empty(env_ids.shape[0], dtype=np.int64)
