@@ -182,6 +182,7 @@ class Learner:
         state = as_torch(reply.message.state)
         self.restore(state)
         self.epoch = int(state.get("epoch", self.epoch))  # the same line of versions, continued
+        self.node.status["took_over_version"] = self.version - 1
         log.info("took over from the running learner: version %d, env_steps %d",
                  self.version, self.env_steps)
         return True
