@@ -121,3 +121,10 @@ def test_encoder_output_sizes():
     assert ConvEncoder((10, 10, 4), "minatar_cnn").output_size == 16 * 8 * 8
     assert ConvEncoder((10, 10, 4), "impala").output_size == 32 * 2 * 2
     assert ConvEncoder((10, 10, 4), "nature_cnn").output_size == 64  # kernels shrink to fit
+
+
+def test_to_tensor_keeps_the_stored_dtype():
+    from algorithms.data import to_tensor
+
+    assert to_tensor(np.zeros((2, 84, 84, 4), np.uint8)).dtype == torch.uint8
+    assert to_tensor(np.zeros((2, 10, 10, 4), bool)).dtype == torch.bool
