@@ -2,6 +2,7 @@
 """Conduit's one command-line entry point.
 
     python run.py GRAPH.yaml [--set key.path=value ...]     run a graph (same as `run GRAPH`)
+    python run.py check GRAPH.yaml [--set ...]               validate a graph; prints ok
     python run.py run --resume RUN_DIR                       continue a run from its checkpoint
     python run.py status RUN_DIR                             per-node state, counters
     python run.py monitor RUN_DIR [--topic T]                live view; attaches to topics
@@ -19,7 +20,12 @@ from __future__ import annotations
 
 import sys
 
+import nodes  # noqa: F401 - registers the built-in node kinds with pipeline.kinds
 from pipeline.cli import main
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["check"]:
+        from pipeline.graph import check_command
+
+        sys.exit(check_command(sys.argv[2:]))
     sys.exit(main(sys.argv[1:]))

@@ -28,7 +28,8 @@ class TimeStep(NamedTuple):
     step_type: ``StepType`` as int (int32 or int64).
     reward: reward of the transition that arrived here (0 on FIRST), float32.
     discount: 0 on termination, 1 otherwise (truncation keeps 1), float32.
-    observation: float32 observation (the final observation on LAST).
+    observation: the env's observation (the final observation on LAST), in the env's dtype:
+        uint8 (and bool) images stay as they are, float vectors are float32.
     prev_action: the action that led here.
     env_id: int index of each environment.
     """
@@ -48,12 +49,28 @@ class TimeStep(NamedTuple):
 
 
 
-def make_vector_env(env_id: str, num_envs: int, seed: int | None = None) -> gym.vector.VectorEnv:
-    """Synchronous vector env with ``NEXT_STEP`` autoreset (the pipeline's convention)."""
-    env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
-                       vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP})
-    env.action_space.seed(seed)
-    return env
+def make_vector_env(env_id: str, num_envs: int, seed: int | None = None,
+                    env_kwargs: dict | None = None, training: bool = False
+                    ) -> gym.vector.VectorEnv:
+    """Synchronous vector env with ``NEXT_STEP`` autoreset (the pipeline's convention), from
+    :func:`algorithms.envs.make_env`. Evaluation envs by default (whole Atari games, raw
+    rewards), as its callers evaluate; envs that collect training data pass ``training=True``."""
+    from algorithms.envs import make_env
+
+    return make_env(env_id, num_envs, seed, env_kwargs, training)
+
+
+def observation_array(obs: np.ndarray) -> np.ndarray:
+    """The observation as the pipeline carries it: uint8 images stay uint8 (0-255 pixels) and
+    bool images stay bool (both one byte; the networks scale them, uint8 by 1/255, bool as 0/1),
+    floats become float32, other integers float32 as before.
+
+    Never a float copy of an image: 84x84 frames as float32 would be 4x the bytes on the wire
+    and in replay."""
+    obs = np.asarray(obs)
+    if obs.dtype in (np.uint8, np.bool_, np.float32):
+        return obs
+    return obs.astype(np.float32)
 
 
 class VectorEnvStepper:
@@ -61,6 +78,13 @@ class VectorEnvStepper:
 
     After a step that returned terminated/truncated (LAST), the env's next step resets it: that
     step is FIRST with reward 0 and discount 1, whatever the env reported.
+
+    Besides the time step, each ``reset``/``step`` leaves the episode marks that metrics need
+    where the learner's episodes and the game's differ (Atari with episodic life and clipped
+    rewards, see :class:`algorithms.envs.atari.AtariEnv`): ``score`` (the raw reward,
+    ``info["raw_reward"]``), ``episode_start`` (a new game begins at this step) and
+    ``episode_end`` (the game ended here, ``info["game_over"]``). For other envs they are the
+    reward, FIRST and LAST.
     """
 
     def __init__(self, env: gym.vector.VectorEnv, seed: int | None = None):
@@ -68,7 +92,11 @@ class VectorEnvStepper:
         self.num_envs = env.num_envs
         self._seed = seed
         self._was_last = np.zeros(self.num_envs, dtype=bool)
+        self._game_over = np.zeros(self.num_envs, dtype=bool)
         self._env_id = np.arange(self.num_envs, dtype=np.int64)
+        self.score = np.zeros(self.num_envs, np.float32)
+        self.episode_start = np.ones(self.num_envs, dtype=bool)
+        self.episode_end = np.zeros(self.num_envs, dtype=bool)
 
     def _prev_action_zeros(self):
         space = self.env.single_action_space
@@ -77,21 +105,31 @@ class VectorEnvStepper:
     def reset(self) -> TimeStep:
         obs, _ = self.env.reset(seed=self._seed)
         self._was_last[:] = False
+        self._game_over[:] = False
         n = self.num_envs
+        self.score = np.zeros(n, np.float32)
+        self.episode_start = np.ones(n, dtype=bool)
+        self.episode_end = np.zeros(n, dtype=bool)
         return TimeStep(np.full(n, StepType.FIRST, np.int64), np.zeros(n, np.float32),
-                        np.ones(n, np.float32), obs.astype(np.float32),
+                        np.ones(n, np.float32), observation_array(obs),
                         self._prev_action_zeros(), self._env_id)
 
     def step(self, action: np.ndarray) -> TimeStep:
         space = self.env.single_action_space
         if isinstance(space, gym.spaces.Box):
             action = np.clip(action, space.low, space.high)
-        obs, reward, terminated, truncated, _ = self.env.step(action)
+        obs, reward, terminated, truncated, info = self.env.step(action)
         first = self._was_last
         last = (terminated | truncated) & ~first
         step_type = np.where(first, StepType.FIRST, np.where(last, StepType.LAST, StepType.MID))
         discount = np.where(last & terminated, 0.0, 1.0).astype(np.float32)
+        self.episode_start = self._game_over
+        game_over = info.get("game_over", last)
+        self.episode_end = game_over & ~self.episode_start
+        self.score = np.where(self.episode_start, 0.0,
+                              info.get("raw_reward", reward)).astype(np.float32)
+        self._game_over = self.episode_end
         reward = np.where(first, 0.0, reward).astype(np.float32)
         self._was_last = last
-        return TimeStep(step_type.astype(np.int64), reward, discount, obs.astype(np.float32),
+        return TimeStep(step_type.astype(np.int64), reward, discount, observation_array(obs),
                         np.asarray(action), self._env_id)

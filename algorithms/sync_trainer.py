@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 import torch
 
-from algorithms.data import AlgStep, Experience, StepType, TimeStep
+from algorithms.data import AlgStep, Experience, TimeStep
+from algorithms.evaluation import evaluate
 from algorithms.steps import VectorEnvStepper, make_vector_env
 
 
@@ -117,26 +118,6 @@ class RunResult:
         return self.evals[-1][2] if self.evals else float("-inf")
 
 
-def evaluate(alg, env_id: str, num_episodes: int = 10, seed: int = 10_000) -> float:
-    """Mean undiscounted return of ``num_episodes`` greedy episodes (one per parallel env)."""
-    env = make_vector_env(env_id, num_episodes, seed)
-    try:
-        stepper = VectorEnvStepper(env, seed)
-        ts = stepper.reset()
-        returns = np.zeros(num_episodes)
-        done = np.zeros(num_episodes, dtype=bool)
-        state = alg.get_initial_state(num_episodes)
-        while not done.all():
-            step = alg.predict_step(ts, state)
-            state = step.state
-            ts = stepper.step(_to_numpy_action(step.output))
-            returns += np.where(done, 0.0, ts.reward)
-            done |= ts.step_type == StepType.LAST
-        return float(returns.mean())
-    finally:
-        env.close()
-
-
 def _to_numpy_action(a) -> np.ndarray:
     return a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
 
@@ -175,7 +156,7 @@ def train(alg, env_id: str, config: TrainerConfig, seed: int = 0, log=None) -> R
         if env_steps < next_eval and not force:
             return False
         next_eval += config.eval_interval
-        ret = evaluate(alg, env_id, config.num_eval_episodes, seed=10_000 + seed)
+        ret = evaluate(alg, env_id, config.num_eval_episodes, seed=10_000 + seed).mean_return
         result.evals.append((env_steps, train_time, ret))
         if log:
             log(f"steps={env_steps} time={train_time:.1f}s eval={ret:.1f} "

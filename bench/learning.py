@@ -30,8 +30,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from algorithms.data import AlgStep  # noqa: E402
+from algorithms.evaluation import evaluate  # noqa: E402
 from algorithms.presets import Preset, get_preset, make_algorithm  # noqa: E402
-from algorithms.sync_trainer import TrainerConfig, evaluate, train  # noqa: E402
+from algorithms.sync_trainer import TrainerConfig, train  # noqa: E402
 
 
 def run_ours(p: Preset, seed: int, threads: int) -> dict:
@@ -76,7 +77,7 @@ def run_graph(graph: str, p: Preset, threads: int) -> dict:
 
 
 class _Sb3Policy:
-    """Adapter so ``sync_trainer.evaluate`` can run an SB3 model greedily."""
+    """Adapter so ``algorithms.evaluation.evaluate`` can run an SB3 model greedily."""
 
     def __init__(self, model):
         self.model = model
@@ -186,7 +187,7 @@ def run_sb3(p: Preset, seed: int, threads: int, launched_at: float | None = None
                 return True
             state["next"] += interval
             t0 = time.perf_counter()
-            ret = evaluate(_Sb3Policy(self.model), p.env_id, 10, seed=10_000 + seed)
+            ret = evaluate(_Sb3Policy(self.model), p.env_id, 10, seed=10_000 + seed).mean_return
             state["eval_time"] += time.perf_counter() - t0
             elapsed = time.perf_counter() - t_start - state["eval_time"]
             state["evals"].append((self.num_timesteps, elapsed, ret))

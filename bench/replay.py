@@ -11,7 +11,9 @@ time would not. The operations:
       skip unchanged leaves, so this is the cheapest case)
   (b) prioritized sample of 256 indices (fresh random numbers every call)
   (c) full get_batch of 256 (4-float observation, with importance weights)
-  (d) add_batch of one step for each of 16 environments
+  (d) add_batch of one step for each of 16 environments, four fields (step type, reward,
+      discount, 4-float observation) given as numpy arrays to both (``add_batch_torch``:
+      ours given torch tensors)
 
 for Conduit (default kernel, plus every other tree kernel for (a)/(b)), a level-by-level
 binary torch tree in ALF's design, cpprb's PrioritizedReplayBuffer and TorchRL's
@@ -21,6 +23,14 @@ skipped with the reason). The last line is one JSON object with every time and t
 ratios peer / ours (above 1 means we are faster).
 
     python bench/replay.py [--capacities 17 20] [--batch 256] [--quick]
+
+``--memory STEPS`` instead reports the replay memory of STEPS Atari transitions (84x84 uint8
+frames stored once, stacks of 4 rebuilt at sample time, PER with a beta), as the replay store
+builds it: the arrays are allocated for real, memory-mapped in a scratch directory (new files
+are sparse, so nothing is written), and the report gives every file's size, the trees held in
+process memory, and what storing the stacks would cost instead.
+
+    python bench/replay.py --memory 1000000 [--scratch DIR]
 """
 
 from __future__ import annotations
@@ -156,6 +166,7 @@ def bench_ours(capacity, batch, calls):
     as_numpy = [t.numpy() for t in (env_ids, positions, *prios)]
     g = torch.Generator().manual_seed(1)
     step = _step_batch(NUM_ENVS, 0)
+    step_numpy = {k: v.numpy() for k, v in step.items()}  # what cpprb's add is given
     contenders |= {
         "conduit_buffer.update": (
             alternating(update, (env_ids, env_ids), (positions, positions), prios),
@@ -171,7 +182,8 @@ def bench_ours(capacity, batch, calls):
             calls,
         ),
         "conduit_buffer.get_batch": (lambda: rb.get_batch(batch, 1), calls),
-        "conduit_buffer.add_batch": (lambda: rb.add_batch(step), calls),
+        "conduit_buffer.add_batch": (lambda: rb.add_batch(step_numpy), calls),
+        "conduit_buffer.add_batch_torch": (lambda: rb.add_batch(step), calls),
     }
     return contenders
 
@@ -221,19 +233,24 @@ def bench_cpprb(capacity, batch, calls, skipped):
     except ImportError as exc:
         skipped["cpprb"] = f"not importable: {exc}"
         return {}
-    rb = cpprb.PrioritizedReplayBuffer(capacity, {"obs": {"shape": 4}}, alpha=0.6)
+    # The same four fields our buffer stores (step type, reward, discount, observation).
+    fields = {"obs": {"shape": 4}, "step_type": {"dtype": np.int64}, "rew": {}, "discount": {}}
+    rb = cpprb.PrioritizedReplayBuffer(capacity, fields, alpha=0.6)
     chunk = 65536
     for _ in range(capacity // chunk):
-        rb.add(obs=np.random.rand(chunk, 4), priorities=np.random.rand(chunk) + 0.1)
+        rb.add(obs=np.random.rand(chunk, 4), step_type=np.ones(chunk, dtype=np.int64),
+               rew=np.ones(chunk), discount=np.ones(chunk),
+               priorities=np.random.rand(chunk) + 0.1)
     idx = np.random.default_rng(0).integers(0, capacity, batch)
     prios = [np.random.default_rng(seed).random(batch) + 0.1 for seed in (1, 2)]
     update = rb.update_priorities
-    step = np.random.rand(NUM_ENVS, 4)
+    step = {"obs": np.random.rand(NUM_ENVS, 4), "step_type": np.ones(NUM_ENVS, dtype=np.int64),
+            "rew": np.ones(NUM_ENVS), "discount": np.ones(NUM_ENVS)}
     return {
         "cpprb.update": (alternating(update, (idx, idx), prios), calls),
         "cpprb.update_repeated": (lambda: update(idx, prios[0]), calls),
         "cpprb.get_batch": (lambda: rb.sample(batch, beta=0.4), calls),
-        "cpprb.add_batch": (lambda: rb.add(obs=step), calls),
+        "cpprb.add_batch": (lambda: rb.add(**step), calls),
     }
 
 
@@ -279,13 +296,71 @@ PEER_FOR = {
 }
 
 
+def atari_memory(steps: int, scratch: str | None, num_envs: int = 8, k: int = 4) -> dict:
+    """Bytes of a replay buffer of ``steps`` Atari transitions, allocated memory-mapped."""
+    import shutil
+    import tempfile
+
+    from storage import PER
+    from storage.frame_stack import check_stackable
+
+    # One stored step as the unroller sends it for DQN on Atari (one new frame per step).
+    spec = {
+        "step_type": TensorSpec((), torch.int32),
+        "reward": TensorSpec((), torch.float32),
+        "discount": TensorSpec((), torch.float32),
+        "observation": TensorSpec((84, 84), torch.uint8),
+        "action": TensorSpec((), torch.int64),
+        "env_id": TensorSpec((), torch.int32),
+    }
+    directory = tempfile.mkdtemp(prefix="replay-memory-", dir=scratch)
+    try:
+        started = time.perf_counter()
+        rb = ReplayBuffer(spec, num_envs, steps // num_envs, num_earliest_frames_ignored=k - 1,
+                          keep_episodic_info=True, prioritized_sampling=True,
+                          per=PER(0.6, 0.4, 1e-6), storage_dir=directory)
+        check_stackable(rb, "observation", k)
+        built_s = time.perf_counter() - started
+        files = {n: os.path.getsize(os.path.join(directory, n)) for n in os.listdir(directory)
+                 if n.endswith(".bin")}
+        trees = [t for t in (rb.sampler.sum_tree, rb.sampler.max_tree, rb.sampler.min_tree)
+                 if t is not None]
+        tree_bytes = sum(t._values.numel() * t._values.element_size() for t in trees)
+        frames = files["data.observation.bin"]
+        total = sum(files.values()) + tree_bytes
+        rb.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    gib = 2**30
+    return {
+        "steps": num_envs * (steps // num_envs),
+        "frame_stack": k,
+        "mapped_files_bytes": files,
+        "frames_GiB": round(frames / gib, 3),
+        "other_arrays_GiB": round((sum(files.values()) - frames) / gib, 3),
+        "trees_in_memory_GiB": round(tree_bytes / gib, 3),
+        "total_GiB": round(total / gib, 3),
+        "stacks_stored_instead_GiB": round((total + (k - 1) * frames) / gib, 3),
+        "build_s": round(built_s, 2),
+    }
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--capacities", type=int, nargs="+", default=[17, 20], help="log2 sizes")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--quick", action="store_true", help="fewer calls (smoke run)")
+    parser.add_argument("--memory", type=int, metavar="STEPS",
+                        help="report the replay memory of STEPS Atari transitions instead")
+    parser.add_argument("--scratch", help="directory for --memory's mapped files (default: tmp)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.memory:
+        report = atari_memory(args.memory, args.scratch)
+        for name, value in report.items():
+            print(f"  {name:28s} {value}")
+        print(json.dumps(report))
+        return
     calls, rounds = (50, 2) if args.quick else (200, 15)
     report = {
         "batch": args.batch,

@@ -1,8 +1,17 @@
-"""Node kinds: one module per kind, each with ``async def run(config, bus, ready)``.
+"""Node kinds: one module per kind, each with ``async def run(config, node, ready)``.
 
-The module name is the kind name used in graphs (``kind: replay_store``).
+The module name is the kind name used in graphs (``kind: replay_store``). Importing this package
+registers every kind with :mod:`pipeline.kinds` (``pipeline/`` never imports ``nodes``).
 """
+
+import pkgutil
+
+from nodes import _checks  # noqa: E402,F401  (registers the graph-wide checks)
 
 # Importing the package registers every RL message type with the codec, so any process that
 # loads a node kind (or a monitor) can decode what nodes send.
 from nodes import messages as _messages  # noqa: E402,F401
+from pipeline import kinds as _kinds
+
+_kinds.register_package(__name__, [m.name for m in pkgutil.iter_modules(__path__)
+                                   if m.name != "messages"])

@@ -20,9 +20,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nodes.messages import FINAL_CHECKPOINT, StateRequest
+from nodes.messages import FINAL_CHECKPOINT, StateReply, StateRequest
+from pipeline.ports import Ports, Service
+from pipeline.wiring import MARKER, file_sha256, latest_checkpoint
 
 log = logging.getLogger(__name__)
+
+RETRY_S = 5.0  # after a failed write (disk full, read-only), try again this soon
 
 
 @dataclass(frozen=True)
@@ -62,8 +66,11 @@ def write_checkpoint(root: str, states: dict, env_steps: int, sequence: int,
                      previous: str | None = None) -> str:
     """Write ``states`` (component -> state) as one checkpoint directory; return its path.
 
-    Components of ``previous`` that ``states`` lacks are carried over (hard-linked), so every
-    checkpoint is complete on its own."""
+    Components of ``previous`` that ``states`` lacks are carried over as copies whose content
+    hash is checked against the one ``previous`` recorded, so every checkpoint is complete on
+    its own and no two share a file (a damaged file damages one checkpoint only). The
+    ``COMPLETE`` marker, written last, lists every file's SHA-256, which
+    :func:`pipeline.wiring.latest_checkpoint` verifies before anything loads it."""
     os.makedirs(root, exist_ok=True)
     name = f"ckpt-{env_steps:012d}-{sequence:04d}"
     tmp = os.path.join(root, f".tmp-{name}")
@@ -71,19 +78,33 @@ def write_checkpoint(root: str, states: dict, env_steps: int, sequence: int,
     os.makedirs(tmp)
     import torch
 
+    hashes = {}
     for component, state in states.items():
         path = os.path.join(tmp, f"{component}.pt")
         with open(path, "wb") as f:
             torch.save(as_torch(state), f)
             f.flush()
             os.fsync(f.fileno())
+        hashes[f"{component}.pt"] = file_sha256(path)  # read back from the page cache
     if previous is not None and os.path.isdir(previous):
-        for filename in os.listdir(previous):
-            if filename.endswith(".pt") and filename[:-3] not in states:
-                os.link(os.path.join(previous, filename), os.path.join(tmp, filename))
-    with open(os.path.join(tmp, "COMPLETE"), "w") as f:
-        json.dump({"env_steps": env_steps, "time": time.time(), "components": sorted(states)},
-                  f)
+        recorded = _recorded_hashes(previous)
+        for filename in sorted(os.listdir(previous)):
+            if not filename.endswith(".pt") or filename[:-3] in states:
+                continue
+            copy = os.path.join(tmp, filename)
+            shutil.copyfile(os.path.join(previous, filename), copy)
+            digest = file_sha256(copy)
+            if filename in recorded and recorded[filename] != digest:
+                log.error("%s/%s does not match its content hash: not carried over",
+                          previous, filename)
+                os.unlink(copy)
+                continue
+            with open(copy, "rb+") as f:
+                os.fsync(f.fileno())
+            hashes[filename] = digest
+    with open(os.path.join(tmp, MARKER), "w") as f:
+        json.dump({"env_steps": env_steps, "time": time.time(), "components": sorted(states),
+                   "files": hashes}, f)
         f.flush()
         os.fsync(f.fileno())
     _fsync_dir(tmp)
@@ -93,20 +114,57 @@ def write_checkpoint(root: str, states: dict, env_steps: int, sequence: int,
     return final
 
 
+def _recorded_hashes(checkpoint: str) -> dict:
+    try:
+        with open(os.path.join(checkpoint, MARKER)) as f:
+            return dict(json.load(f).get("files", {}))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}
+
+
+def _last_sequence(root: str) -> int:
+    """The highest sequence number among a run's checkpoints: a restarted checkpointer goes on
+    from there, so names keep sorting in the order they were written."""
+    numbers = [0]
+    if os.path.isdir(root):
+        for name in os.listdir(root):
+            tail = name.rsplit("-", 1)[-1]
+            if name.startswith(("ckpt-", ".tmp-ckpt-")) and tail.isdigit():
+                numbers.append(int(tail))
+    return max(numbers)
+
+
 def prune(root: str, keep: int) -> None:
     done = sorted(d for d in os.listdir(root) if d.startswith("ckpt-"))
     for name in done[:-keep]:
         shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
-async def run(config: Config, bus, ready) -> dict:
+def PORTS(config: Config) -> Ports:  # noqa: N802 - the name the pipeline looks for
+    """It calls every state service in ``services`` (what the graph entry lists)."""
+    return Ports(calls={name: Service(StateRequest, StateReply) for name in config.services})
+
+
+async def run(config: Config, node, ready) -> dict:
+    bus = node.bus
     clients = {name: bus.client(name) for name in config.services}
-    root = os.path.join(bus.context.run_dir, "checkpoints")
-    sequence = 0
+    root = os.path.join(node.info.run_dir, "checkpoints")
+    sequence = _last_sequence(root)
     written = []
+    # One checkpoint at a time: a requested one waits for a scheduled one under way.
+    writing = asyncio.Lock()
+
+    async def on_demand() -> dict:
+        """``run.py checkpoint``: write one now and answer with its path (or why not)."""
+        async with writing:
+            path = await checkpoint("requested")
+        node.status.pop("warning", None)
+        return {"path": path}
+
+    node.commands["checkpoint"] = on_demand
     ready()
 
-    async def checkpoint(reason: str) -> None:
+    async def checkpoint(reason: str) -> str:
         nonlocal sequence
         # In the configured order, one after the other: the unroller flushes its experience
         # into replay before it answers a final request, so replay must be asked after it.
@@ -119,7 +177,8 @@ async def run(config: Config, bus, ready) -> dict:
         states = {r.message.component: r.message.state for r in replies}
         env_steps = max((r.message.env_steps for r in replies), default=0)
         sequence += 1
-        previous = written[-1] if written else None
+        # A restarted checkpointer carries over from the run's newest intact checkpoint.
+        previous = written[-1] if written else latest_checkpoint(node.info.run_dir)
         if carried:
             log.warning("final checkpoint: %s no longer running; their state is carried over "
                         "from %s", ", ".join(carried), previous)
@@ -127,22 +186,38 @@ async def run(config: Config, bus, ready) -> dict:
                                        previous)
         await asyncio.to_thread(prune, root, config.num_checkpoints)
         written.append(path)
-        bus.status.update(checkpoints=len(written), env_steps=env_steps)
+        node.status.update(checkpoints=len(written), env_steps=env_steps)
         log.info("checkpoint %s (%s)", path, reason)
+        return path
 
+    async def attempt(reason: str) -> bool:
+        """One checkpoint; False if it could not be written (the disk), which is reported in
+        the node's status ``warning`` (the supervisor prints it on the terminal) until a
+        later attempt succeeds."""
+        try:
+            async with writing:
+                await checkpoint(reason)
+        except TimeoutError as exc:  # a node is restarting: try again next time
+            log.warning("checkpoint skipped: %s", exc)
+            return True
+        except OSError as exc:
+            node.status["warning"] = (f"checkpoint not written: {type(exc).__name__}: {exc}; "
+                                     f"retrying every {retry_s:g}s")
+            log.error("%s", node.status["warning"])
+            return False
+        if node.status.pop("warning", None):
+            log.warning("checkpoints are written again")
+        return True
+
+    retry_s = min(config.interval_s, RETRY_S)
+    wait_s = config.interval_s
     while True:
         try:
-            await asyncio.wait_for(bus.stopping.wait(), config.interval_s)
+            await asyncio.wait_for(node.stopping.wait(), wait_s)
             break
         except TimeoutError:
             pass
-        try:
-            await checkpoint("scheduled")
-        except TimeoutError as exc:  # a node is restarting: try again next time
-            log.warning("checkpoint skipped: %s", exc)
-    if config.final:
-        try:
-            await checkpoint(FINAL_CHECKPOINT)
-        except TimeoutError as exc:
-            log.error("final checkpoint failed: %s", exc)
+        wait_s = config.interval_s if await attempt("scheduled") else retry_s
+    if config.final and not await attempt(FINAL_CHECKPOINT):
+        log.error("final checkpoint failed: %s", node.status.get("warning"))
     return {"checkpoints": len(written), "last": written[-1] if written else None}

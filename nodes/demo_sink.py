@@ -12,14 +12,26 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.messages import Record
+from pipeline.ports import Port, Ports
+
 
 @dataclass(frozen=True)
 class Config:
-    expected: int = field(default=100_000, metadata={"doc": "records to wait for; 0 = forever"})
+    expected: int = field(default=100_000, metadata={"doc": "records to wait for; 0 = forever",
+                                                     "minimum": 0})
     input: str = field(default="doubled", metadata={"doc": "topic to consume"})
 
 
-async def run(config: Config, bus, ready) -> dict:
+def ports(config: Config) -> Ports:
+    return Ports(subscribes={config.input: Port(Record)})
+
+
+PORTS = ports
+
+
+async def run(config: Config, node, ready) -> dict:
+    bus = node.bus
     sub = bus.subscriber(config.input)
     ready()
     seen = np.zeros(config.expected + 1, dtype=np.int32)
@@ -38,7 +50,7 @@ async def run(config: Config, bus, ready) -> dict:
         by_instance[data["by"]] = by_instance.get(data["by"], 0) + 1
         by_scale[str(data["scale"])] = by_scale.get(str(data["scale"]), 0) + 1
         received += 1
-        bus.status["received"] = received
+        node.status["received"] = received
         if config.expected and received >= config.expected and np.all(seen[1:] >= 1):
             break
     stats = sub.stats
@@ -54,7 +66,7 @@ async def run(config: Config, bus, ready) -> dict:
         "by_instance": by_instance,
         "by_scale": by_scale,
     }
-    path = os.path.join(bus.context.run_dir, "sink_result.json")
+    path = os.path.join(node.info.run_dir, "sink_result.json")
     with open(path + ".tmp", "w") as f:
         json.dump(verdict, f)
     os.replace(path + ".tmp", path)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.messages import Record
+from pipeline.ports import Port, Ports
 
 
 @dataclass(frozen=True)
@@ -17,12 +18,21 @@ class Config:
     output: str = field(default="numbers", metadata={"doc": "topic to publish on"})
 
 
-async def run(config: Config, bus, ready) -> dict:
+def ports(config: Config) -> Ports:
+    """The output topic's name is configurable, so the ports are a function of the config."""
+    return Ports(publishes={config.output: Port(Record)})
+
+
+PORTS = ports
+
+
+async def run(config: Config, node, ready) -> dict:
+    bus = node.bus
     pub = bus.publisher(config.output)
     ready()
     sent = 0
-    while not bus.stopping.is_set() and (config.count == 0 or sent < config.count):
+    while not node.stopping.is_set() and (config.count == 0 or sent < config.count):
         sent += 1
         await pub.send(Record(origin=sent, data=np.full(config.size, sent, dtype=np.int64)))
-        bus.status["sent"] = sent
+        node.status["sent"] = sent
     return {"sent": sent}

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipeline.config import ConfigError
 from pipeline.messages import Record
+from pipeline.ports import Port, Ports
 
 
 @dataclass(frozen=True)
@@ -14,7 +16,22 @@ class Config:
     output: str = field(default="doubled", metadata={"doc": "topic to publish on"})
 
 
-async def run(config: Config, bus, ready) -> dict:
+def ports(config: Config) -> Ports:
+    return Ports(subscribes={config.input: Port(Record)},
+                 publishes={config.output: Port(Record)})
+
+
+PORTS = ports
+
+
+def validate(config: Config) -> None:
+    """Checked at graph load: a node cannot feed itself."""
+    if config.output == config.input:
+        raise ConfigError("output", f"must differ from input ({config.input!r})")
+
+
+async def run(config: Config, node, ready) -> dict:
+    bus = node.bus
     sub = bus.subscriber(config.input)
     pub = bus.publisher(config.output)
     ready()
@@ -23,8 +40,8 @@ async def run(config: Config, bus, ready) -> dict:
         record = envelope.message
         values = record.data * config.scale
         await pub.send(Record(origin=record.origin,
-                              data={"values": values, "by": bus.context.instance,
+                              data={"values": values, "by": node.info.instance,
                                     "scale": config.scale}))
         handled += 1
-        bus.status["handled"] = handled
+        node.status["handled"] = handled
     return {"handled": handled}

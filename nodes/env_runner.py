@@ -1,10 +1,16 @@
-"""env_runner: steps a batch of Gymnasium environments for the unroller's policy.
+"""env_runner: steps a batch of environments for the unroller's policy.
 
 Each step it sends the envs' ``TimeStep`` (ALF fields, ``NEXT_STEP`` autoreset: the step
 after a LAST is FIRST) to the ``policy`` service and applies the actions it gets back.
 Termination (discount 0) and truncation (discount 1) stay apart. An environment that raises is
 recreated: the runner reports a LAST step (truncation, the previous observation) so no target
 bootstraps across the break, then starts new episodes and keeps going.
+
+Environments come from :func:`algorithms.envs.make_env` (Gymnasium ids, Atari with its
+preprocessing as ``env_kwargs``, MinAtar). Observations go out in the env's dtype (uint8 frames
+stay uint8), one new frame per step: frame stacking is the acting policy's and the replay
+store's. Episode metrics report whole games in raw score, also where the learner sees lost
+lives as episode ends and clipped rewards (Atari training).
 """
 
 from __future__ import annotations
@@ -17,17 +23,21 @@ from dataclasses import dataclass, field
 import gymnasium as gym
 import numpy as np
 
+from algorithms.envs import make_env as make_vector_env
 from algorithms.steps import StepType, TimeStep, VectorEnvStepper
-from nodes.messages import Metrics, TimeStepBatch
+from nodes.messages import ActionBatch, Metrics, TimeStepBatch
+from pipeline.ports import Port, Ports, Service
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Config:
-    env_id: str = field(metadata={"doc": "any registered Gymnasium id"})
+    env_id: str = field(metadata={
+        "doc": "a Gymnasium id, ALE/<Game>-v5, <Game>NoFrameskip-v4 or MinAtar/<Game>-v1"})
     num_envs: int = field(default=1, metadata={"doc": "environments in this runner"})
-    env_kwargs: dict = field(default_factory=dict, metadata={"doc": "gymnasium.make kwargs"})
+    env_kwargs: dict = field(default_factory=dict, metadata={
+        "doc": "gymnasium.make kwargs; Atari/MinAtar: preprocessing options (algorithms.envs)"})
     seed: int = field(default=0, metadata={"doc": "base seed; replica r uses seed + 1000 r"})
     request_timeout_s: float = field(default=60.0, metadata={"doc": "wait for actions"})
     metrics_interval_s: float = field(default=5.0, metadata={"doc": "episode metrics period"})
@@ -39,11 +49,7 @@ class Config:
 
 
 def make_env(config: Config, seed: int, num_envs: int) -> gym.vector.VectorEnv:
-    env = gym.make_vec(config.env_id, num_envs=num_envs, vectorization_mode="sync",
-                       vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP},
-                       **config.env_kwargs)
-    env.action_space.seed(seed)
-    return env
+    return make_vector_env(config.env_id, num_envs, seed, config.env_kwargs, training=True)
 
 
 class EpisodeStats:
@@ -56,15 +62,20 @@ class EpisodeStats:
         self.done_lengths: list[int] = []
         self.episodes = 0
 
-    def update(self, ts: TimeStep, offset: int = 0) -> None:
-        """Fold in one step of the envs ``offset .. offset + len(ts) - 1``."""
+    def update(self, ts: TimeStep, offset: int = 0, score=None, start=None, end=None) -> None:
+        """Fold in one step of the envs ``offset .. offset + len(ts) - 1``.
+
+        ``score``/``start``/``end`` are the stepper's episode marks (raw reward, a game starts,
+        a game ends); by default the time step's reward, FIRST and LAST."""
         view = slice(offset, offset + len(ts.step_type))
         ret, length = self.ret[view], self.length[view]
-        first = ts.step_type == StepType.FIRST
-        ret[first], length[first] = 0.0, 0
-        ret += ts.reward
-        length += ~first
-        for i in offset + np.flatnonzero(ts.step_type == StepType.LAST):
+        if score is None:
+            score, start, end = (ts.reward, ts.step_type == StepType.FIRST,
+                                 ts.step_type == StepType.LAST)
+        ret[start], length[start] = 0.0, 0
+        ret += np.where(start, 0.0, score)
+        length += ~start
+        for i in offset + np.flatnonzero(end):
             self.done_returns.append(float(self.ret[i]))
             self.done_lengths.append(int(self.length[i]))
             self.episodes += 1
@@ -91,26 +102,26 @@ class _Counters:
         self.last_report = time.monotonic()
 
 
-async def _step_group(config: Config, bus, group: int, policy, metrics, stats: EpisodeStats,
+async def _step_group(config: Config, node, group: int, policy, metrics, stats: EpisodeStats,
                       counters: _Counters) -> None:
     """One group of environments: send its time step, apply the actions, repeat. With several
     groups, one group steps while another waits for its actions (double buffering)."""
     size = config.num_envs // config.env_groups
-    seed = config.seed + 1000 * bus.context.replica + 100 * group
-    env_offset = bus.context.replica * config.num_envs + group * size
+    seed = config.seed + 1000 * node.info.replica + 100 * group
+    env_offset = node.info.replica * config.num_envs + group * size
     stepper = VectorEnvStepper(make_env(config, seed, size), seed)
     ts = stepper.reset()
     need_reset = False  # the env was recreated: the step after the LAST we reported is a reset
     try:
-        while not bus.stopping.is_set() and (config.max_steps is None
+        while not node.stopping.is_set() and (config.max_steps is None
                                              or counters.steps < config.max_steps):
             waited_from = time.perf_counter()
             try:
                 reply = await policy.request(
-                    TimeStepBatch(bus.context.instance, env_offset, ts._asdict()),
+                    TimeStepBatch(node.info.instance, env_offset, ts._asdict()),
                     config.request_timeout_s)
             except TimeoutError as exc:  # the unroller is restarting: ask again, same step
-                log.warning("%s: %s; asking again", bus.context.instance, exc)
+                log.warning("%s: %s; asking again", node.info.instance, exc)
                 continue
             if reply is None:
                 break
@@ -125,7 +136,7 @@ async def _step_group(config: Config, bus, group: int, policy, metrics, stats: E
                 except Exception as exc:  # a broken environment must not take the runner down
                     counters.failures += 1
                     log.error("%s: environment raised %s: %s; recreating it (%d/%d)",
-                              bus.context.instance, type(exc).__name__, exc, counters.failures,
+                              node.info.instance, type(exc).__name__, exc, counters.failures,
                               config.max_env_failures)
                     if counters.failures > config.max_env_failures:
                         raise
@@ -133,10 +144,14 @@ async def _step_group(config: Config, bus, group: int, policy, metrics, stats: E
                     stepper.env.close()
                     seed += 1
                     stepper = VectorEnvStepper(make_env(config, seed, size), seed)
-            stats.update(ts, offset=group * size)
+            if need_reset:  # the truncated LAST: its own marks, the stepper's are of a reset
+                stats.update(ts, offset=group * size)
+            else:
+                stats.update(ts, group * size, stepper.score, stepper.episode_start,
+                             stepper.episode_end)
             counters.stepping_s += time.perf_counter() - stepped_from
             counters.steps += size
-            bus.status.update(steps=counters.steps, stepping_s=round(counters.stepping_s, 3),
+            node.status.update(steps=counters.steps, stepping_s=round(counters.stepping_s, 3),
                               waiting_s=round(counters.waiting_s, 3))
             if metrics is not None and \
                     time.monotonic() - counters.last_report >= config.metrics_interval_s:
@@ -144,22 +159,28 @@ async def _step_group(config: Config, bus, group: int, policy, metrics, stats: E
                 values = stats.flush()
                 if values:
                     values["env/failures"] = counters.failures
-                    await metrics.send(Metrics(bus.context.instance, counters.env_steps, values))
+                    await metrics.send(Metrics(node.info.instance, counters.env_steps, values))
     finally:
         stepper.env.close()
 
 
-async def run(config: Config, bus, ready) -> dict:
+# What the graph entry may list (pipeline.ports): checked at load.
+PORTS = Ports(calls={"policy": Service(TimeStepBatch, ActionBatch)},
+              publishes={"metrics": Port(Metrics, required=False)})
+
+
+async def run(config: Config, node, ready) -> dict:
+    bus = node.bus
     if config.env_groups < 1 or config.num_envs % config.env_groups:
         raise ValueError(f"num_envs ({config.num_envs}) must be a multiple of env_groups "
                          f"({config.env_groups})")
-    policy = _StopAwareRequests(bus.client("policy"), bus.stopping)
+    policy = _StopAwareRequests(bus.client("policy"), node)
     metrics = bus.publisher("metrics") if bus.publishes("metrics") else None
     stats = EpisodeStats(config.num_envs)
     counters = _Counters()
     ready()
     try:
-        await asyncio.gather(*(_step_group(config, bus, g, policy, metrics, stats, counters)
+        await asyncio.gather(*(_step_group(config, node, g, policy, metrics, stats, counters)
                                for g in range(config.env_groups)))
     finally:
         policy.close()
@@ -170,30 +191,25 @@ async def run(config: Config, bus, ready) -> dict:
 class _StopAwareRequests:
     """Requests that give up when the run stops (the unroller may be waiting on others).
 
-    One future watches the stop event for the runner's whole life, and a request is the
-    client's bare reply future: this runs once per step of the environments, where a task and
-    a ``wait`` per request would cost more than the round trip itself."""
+    A request is the client's bare reply future when a server is connected: this runs once
+    per step of the environments, where a task per request would cost more than the round
+    trip itself."""
 
-    def __init__(self, client, stopping: asyncio.Event):
-        self.client = client
-        self.stopped = asyncio.ensure_future(stopping.wait())
+    def __init__(self, client, node):
+        self.client, self.node = client, node
 
     async def request(self, msg, timeout: float):
         """The reply, or None if the run stops first."""
-        if self.stopped.done():
+        if self.node.stopping.is_set():
             return None
         if self.client.connections:
             reply = self.client.submit(msg, timeout)
         else:  # no unroller yet, or it is restarting: wait for one within the timeout
-            reply = asyncio.ensure_future(self.client.request(msg, timeout))
-        done, _ = await asyncio.wait((reply, self.stopped), return_when=asyncio.FIRST_COMPLETED)
-        if reply not in done:
-            reply.cancel()
-            return None
-        return reply.result()
+            reply = self.client.request(msg, timeout)
+        return await self.node.wait_or_stop(reply)
 
     def close(self) -> None:
-        self.stopped.cancel()
+        pass
 
 
 def _truncated(ts: TimeStep) -> TimeStep:

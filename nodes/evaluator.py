@@ -18,11 +18,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from algorithms.steps import StepType, VectorEnvStepper, make_vector_env
 from nodes._algorithm_config import AlgorithmConfig
-from nodes.messages import Metrics
+from nodes._algorithm_config import validate as validate
+from nodes.messages import Metrics, Params
+from pipeline.ports import Port, Ports
 
 log = logging.getLogger(__name__)
+
+PORTS = Ports(subscribes={"params": Port(Params)}, publishes={"metrics": Port(Metrics)})
 
 
 @dataclass(frozen=True)
@@ -36,72 +39,57 @@ class Config(AlgorithmConfig):
         "doc": "also evaluate the untrained policy (it competes for CPU with start-up)"})
 
 
-def evaluate(alg, env_id: str, episodes: int, seed: int) -> tuple[float, float]:
-    """Mean return and length of ``episodes`` greedy episodes, one per parallel env."""
-    import torch
-
-    env = make_vector_env(env_id, episodes, seed)
-    try:
-        stepper = VectorEnvStepper(env, seed)
-        ts = stepper.reset()
-        returns = np.zeros(episodes)
-        lengths = np.zeros(episodes)
-        done = np.zeros(episodes, dtype=bool)
-        while not done.all():
-            with torch.no_grad():
-                action = alg.predict_step(ts, ()).output
-            ts = stepper.step(action.cpu().numpy() if isinstance(action, torch.Tensor)
-                              else np.asarray(action))
-            returns += np.where(done, 0.0, ts.reward)
-            lengths += ~done
-            done |= ts.step_type == StepType.LAST
-        return float(returns.mean()), float(lengths.mean())
-    finally:
-        env.close()
-
-
 def _build_algorithm(config: Config, device: str):
     import torch
 
     from nodes._common import make_algorithm
 
     torch.set_num_threads(1)
-    return make_algorithm(config.env_id, config.algorithm, device, config.env_kwargs)
+    return make_algorithm(config, device)
 
 
-async def run(config: Config, bus, ready) -> dict:
+def _evaluate(alg, config: Config):
+    from algorithms.evaluation import evaluate  # imports torch: not before the first evaluation
+
+    return evaluate(alg, config.env_id, config.num_eval_episodes, config.seed, config.env_kwargs)
+
+
+async def run(config: Config, node, ready) -> dict:
+    bus = node.bus
     # Built at the first evaluation unless that is now. A bad algorithm config then shows at
     # that evaluation; the unroller and learner, which build the same algorithm, fail at start.
-    alg = _build_algorithm(config, bus.context.device) if config.eval_at_start else None
+    alg = _build_algorithm(config, node.info.device) if config.eval_at_start else None
+    probes = None
     params = bus.subscriber("params")
     metrics = bus.publisher("metrics")
     ready()
     next_eval = 0 if config.eval_at_start else config.eval_interval
     best = -np.inf
     evaluations = 0
-    while not bus.stopping.is_set():
-        recv = asyncio.ensure_future(params.recv())
-        stop = asyncio.ensure_future(bus.stopping.wait())
-        done, _ = await asyncio.wait({recv, stop}, return_when=asyncio.FIRST_COMPLETED)
-        if recv not in done:
-            recv.cancel()
+    while not node.stopping.is_set():
+        envelope = await node.wait_or_stop(params.recv())
+        if envelope is None:
             break
-        stop.cancel()
-        msg = recv.result().message
+        msg = envelope.message
         if msg.env_steps < next_eval:
             continue
         if alg is None:
-            alg = await asyncio.to_thread(_build_algorithm, config, bus.context.device)
+            alg = await asyncio.to_thread(_build_algorithm, config, node.info.device)
         alg.load_policy_state_dict(msg.params)
+        if probes is None:
+            from nodes._common import ProbeLog  # torch is imported by now
+
+            probes = ProbeLog(node.status, config.probe_observation)
+        probes.record(alg, msg.version)
         mean_return, mean_length = await asyncio.to_thread(
-            evaluate, alg, config.env_id, config.num_eval_episodes, config.seed)
+            _evaluate, alg, config)
         evaluations += 1
         best = max(best, mean_return)
         next_eval = msg.env_steps + config.eval_interval
-        bus.status.update(env_steps=msg.env_steps, eval_return=round(mean_return, 1))
+        node.status.update(env_steps=msg.env_steps, eval_return=round(mean_return, 1))
         log.info("env_steps %d version %d: eval return %.1f", msg.env_steps, msg.version,
                  mean_return)
-        await metrics.send(Metrics(bus.context.instance, msg.env_steps, {
+        await metrics.send(Metrics(node.info.instance, msg.env_steps, {
             "eval/return": mean_return, "eval/length": mean_length,
             "eval/version": msg.version}))
         if config.stop_at_return is not None and mean_return >= config.stop_at_return:

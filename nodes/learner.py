@@ -12,6 +12,13 @@ parameters after every one (the unroller bounds the policy lag).
 
 The run's env-step budget is counted here: at ``num_env_steps`` the learner finishes, which ends
 a graph that lists it in ``run.stop_when``.
+
+A learner continues from the newest state it can get before it says ready: a swapped-in (or
+restarted-by-command) one asks the running learner over ``learner_state`` for a handover (the
+old one stops training, hands over weights, optimizer state and counters, and waits to be
+stopped), so the version count goes on; failing that (kill -9, resume) it restores the newest
+checkpoint and publishes under a new epoch, which the unroller takes at once
+(:class:`~nodes.messages.Params`).
 """
 
 from __future__ import annotations
@@ -20,15 +27,35 @@ import asyncio
 import collections
 import contextlib
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 
 import torch
 
 from algorithms.data import Experience
-from nodes._common import AlgorithmConfig, make_algorithm, to_torch
-from nodes.messages import Metrics, Params, Priorities, SampleRequest, StateReply
+from nodes._algorithm_config import is_on_policy
+from nodes._algorithm_config import validate as validate
+from nodes._common import (
+    AlgorithmConfig,
+    ProbeLog,
+    as_torch,
+    make_algorithm,
+    restore_from_checkpoint,
+    start_state_server,
+    to_torch,
+)
+from nodes.messages import (
+    HANDOVER,
+    Metrics,
+    Params,
+    Priorities,
+    SampleBatch,
+    SampleRequest,
+    StateReply,
+    StateRequest,
+    Trajectory,
+)
+from pipeline.ports import Port, Ports, Service
 
 log = logging.getLogger(__name__)
 
@@ -51,21 +78,45 @@ class Config(AlgorithmConfig):
     request_timeout_s: float = field(default=120.0, metadata={"doc": "sample reply timeout"})
     seed: int = field(default=0, metadata={"doc": "torch seed"})
     num_threads: int = field(default=1, metadata={"doc": "torch threads"})
+    handover_timeout_s: float = field(default=120.0, metadata={
+        "doc": "wait for a running predecessor's state; after handing over, wait this long "
+               "to be stopped before training again (the swap failed)"})
+
+
+def PORTS(config: Config) -> Ports:  # noqa: N802 - the name the pipeline looks for
+    """Off-policy it must call ``sample`` (and publish ``priorities`` when prioritized);
+    on-policy it must subscribe to ``trajectories``. ``calls: [learner_state]`` lets a
+    swapped-in learner take over the running one's state."""
+    state = Service(StateRequest, StateReply, required=False)
+    ports = Ports(publishes={"params": Port(Params), "metrics": Port(Metrics, required=False)},
+                  serves={"learner_state": state}, calls={"learner_state": state})
+    if is_on_policy(config):
+        ports.subscribes["trajectories"] = Port(Trajectory)
+    else:
+        ports.calls["sample"] = Service(SampleRequest, SampleBatch)
+        if config.prioritized:
+            ports.publishes["priorities"] = Port(Priorities)
+    return ports
 
 
 class Learner:
-    def __init__(self, config: Config, bus):
+    def __init__(self, config: Config, node):
+        bus = node.bus
         torch.manual_seed(config.seed)
         torch.set_num_threads(config.num_threads)
-        self.config, self.bus = config, bus
-        self.alg = make_algorithm(config.env_id, config.algorithm, bus.context.device,
-                                  config.env_kwargs)
+        self.config, self.node, self.bus = config, node, bus
+        self.alg = make_algorithm(config, node.info.device)
         self.params = bus.publisher("params")
         self.metrics = bus.publisher("metrics") if bus.publishes("metrics") else None
         self.version = 0
+        self.epoch = time.time_ns()  # new at every start that does not continue a live learner
+        self.handed_over = asyncio.Event()
+        self.not_training = asyncio.Event()  # the training task is not running
+        self.not_training.set()
         self.iteration = 0
         self.env_steps = 0
         self.last_metrics: dict = {}
+        self.probe = ProbeLog(node.status, config.probe_observation)
         self._report_at = time.monotonic() + config.metrics_interval_s
         self._updates_at_report = 0
         # Where the learner's time goes between reports: training vs waiting for data.
@@ -74,13 +125,14 @@ class Learner:
 
     async def publish_params(self) -> None:
         await self.params.send(Params(self.version, self.env_steps,
-                                      self.alg.policy_state_dict()))
-        self.bus.status["version"] = self.version
+                                      self.alg.policy_state_dict(), self.epoch))
+        self.probe.record(self.alg, self.version)
+        self.node.status.update(version=self.version, epoch=self.epoch)
 
     async def after_update(self, metrics: dict) -> None:
         self.iteration += 1
         self.last_metrics = metrics
-        self.bus.status.update(iteration=self.iteration, env_steps=self.env_steps)
+        self.node.status.update(iteration=self.iteration, env_steps=self.env_steps)
         if self.iteration % self.config.publish_params_every == 0:
             self.version += 1
             await self.publish_params()
@@ -94,19 +146,51 @@ class Learner:
                       "learner/train_ms_per_update": 1e3 * self._train_s / max(updates, 1),
                       "learner/wait_share": self._wait_s / period}
             self._train_s = self._wait_s = 0.0
-            await self.metrics.send(Metrics(self.bus.context.instance, self.env_steps, {
+            await self.metrics.send(Metrics(self.node.info.instance, self.env_steps, {
                 **metrics, **timing, "learner/iteration": self.iteration,
                 "learner/version": self.version}))
 
     def state(self) -> dict:
         return {"algorithm": self.alg.checkpoint_state(), "version": self.version,
-                "iteration": self.iteration, "env_steps": self.env_steps}
+                "epoch": self.epoch, "iteration": self.iteration, "env_steps": self.env_steps}
 
     def restore(self, state: dict) -> None:
+        """Continue from ``state``; the next parameters published are one version newer."""
         self.alg.load_checkpoint_state(state["algorithm"])
-        self.version = int(state["version"])
+        self.version = int(state["version"]) + 1
         self.iteration = int(state["iteration"])
         self.env_steps = int(state["env_steps"])
+
+    async def take_over(self) -> bool:
+        """Ask a running predecessor (a swap) for its state; False if there is none."""
+        # Only where the graph entry lists it (calls: [..., learner_state]): the graph says
+        # what connects to what, a handover included.
+        if "learner_state" not in (self.bus.listed.get("calls") or ()):
+            return False
+        own = self.bus.bound_endpoints()["learner_state"]
+        client = self.bus.client("learner_state")
+        others = [endpoint for endpoint in client.connections if endpoint != own]
+        if not others:
+            return False
+        client.set_endpoints(others)  # never ask ourselves; the next peer update restores it
+        log.info("asking the running learner at %s for its state", others)
+        try:
+            reply = await client.request(StateRequest(HANDOVER), self.config.handover_timeout_s)
+        except TimeoutError as exc:
+            log.warning("no handover from the running learner (%s): restoring a checkpoint", exc)
+            return False
+        state = as_torch(reply.message.state)
+        self.restore(state)
+        self.epoch = int(state.get("epoch", self.epoch))  # the same line of versions, continued
+        log.info("took over from the running learner: version %d, env_steps %d",
+                 self.version, self.env_steps)
+        return True
+
+    async def hand_over(self, reason: str) -> None:
+        """Before a state reply: on a handover, stop training so the state given is final."""
+        if reason == HANDOVER:
+            self.handed_over.set()
+            await self.not_training.wait()
 
     async def train_off_policy(self) -> None:
         config = self.config
@@ -114,22 +198,37 @@ class Learner:
         priorities = self.bus.publisher("priorities") if config.prioritized else None
         length = config.mini_batch_length or getattr(self.alg, "mini_batch_length", 2)
         pending: collections.deque = collections.deque()  # sample requests in flight, FIFO
-        while not self.bus.stopping.is_set() and self.env_steps < config.num_env_steps:
+        try:
+            await self._sample_and_train(client, priorities, length, pending)
+        finally:  # also on a handover, which cancels training
+            for request in pending:
+                request.cancel()
+            # Tell the replay store we stopped sampling, so it stops holding back inserts.
+            with contextlib.suppress(TimeoutError):
+                client.submit(SampleRequest(0, 0, self.iteration), 5.0).add_done_callback(
+                    lambda f: f.exception())
+
+    async def _sample_and_train(self, client, priorities, length: int,
+                                pending: collections.deque) -> None:
+        config = self.config
+        while not self.node.stopping.is_set() and not self.handed_over.is_set() and \
+                self.env_steps < config.num_env_steps:
             while len(pending) < config.prefetch:  # the next batches come while we train
                 pending.append(await self._submit(client, length))
             waited = time.perf_counter()
-            if not pending[0].done():
-                stop = asyncio.ensure_future(self.bus.stopping.wait())
-                await asyncio.wait({pending[0], stop}, return_when=asyncio.FIRST_COMPLETED)
-                stop.cancel()
-            self._wait_s += time.perf_counter() - waited
-            if not pending[0].done():  # stopping; the rate limiter may hold this one forever
-                break
             try:
-                reply = pending.popleft().result().message
+                # Kept on stop: cancelled below with the other requests in flight.
+                envelope = await self.node.wait_or_stop(pending[0], cancel=False)
             except TimeoutError as exc:  # replay store restarting: ask again
+                pending.popleft()
                 log.warning("%s; asking again", exc)
                 continue
+            finally:
+                self._wait_s += time.perf_counter() - waited
+            if envelope is None:  # stopping; the rate limiter may hold this one forever
+                break
+            pending.popleft()
+            reply = envelope.message
             self.env_steps = max(self.env_steps, reply.env_steps)
             batch = to_torch(reply.experience)
             size = config.mini_batch_size
@@ -145,17 +244,15 @@ class Learner:
                     await priorities.send(Priorities(reply.env_ids[rows], reply.positions[rows],
                                                      result.priorities))
                 await self.after_update(result.metrics)
-        for request in pending:
-            request.cancel()
-        # Tell the replay store we stopped sampling, so it stops holding back inserts.
-        with contextlib.suppress(TimeoutError):
-            client.submit(SampleRequest(0, 0, self.iteration), 5.0).add_done_callback(
-                lambda f: f.exception())
 
     async def _submit(self, client, length: int):
-        await asyncio.wait_for(client._available.wait(), self.config.request_timeout_s)
+        if not client.connections:
+            # asyncio.timeout, not wait_for: before 3.12 wait_for can swallow the
+            # cancellation a handover sends, and training would go on after it.
+            async with asyncio.timeout(self.config.request_timeout_s):
+                await client._available.wait()
         size = self.config.mini_batch_size * self.config.batches_per_request
-        return client.submit(SampleRequest(size, length, self.iteration),
+        return client.submit(SampleRequest(size, length, self.iteration, self.version),
                              self.config.request_timeout_s)
 
     async def train_on_policy(self) -> None:
@@ -171,30 +268,48 @@ class Learner:
                 return
 
 
-async def run(config: Config, bus, ready) -> dict:
-    learner = Learner(config, bus)
-    if bus.context.resume:
-        path = os.path.join(bus.context.resume, "learner.pt")
-        if os.path.exists(path):
-            learner.restore(torch.load(path, weights_only=True))
-            log.info("learner restored from %s: version %d, env_steps %d", path,
-                     learner.version, learner.env_steps)
-    state_server = bus.server("learner_state") if bus.publishes("learner_state") else None
-
-    async def serve_state():
-        async for request in state_server:
-            await request.reply(StateReply("learner", learner.env_steps, learner.state()))
-
-    helper = asyncio.ensure_future(serve_state()) if state_server else None
+async def run(config: Config, node, ready) -> dict:
+    bus = node.bus
+    learner = Learner(config, node)
+    if not await learner.take_over():
+        restore_from_checkpoint(learner, "learner", node.info.resume)
+    helper = start_state_server(bus, "learner_state", "learner", learner, learner.hand_over)
     await learner.publish_params()
     ready()
     try:
-        if learner.alg.on_policy:
-            await learner.train_on_policy()
-        else:
-            await learner.train_off_policy()
+        while not await _train_until_handover(learner):
+            # Handed over, and not stopped within the timeout: the swap failed, train on.
+            try:
+                async with asyncio.timeout(config.handover_timeout_s):
+                    await node.stopping.wait()
+                break
+            except TimeoutError:
+                log.warning("handed over but not stopped within %.0fs: training again",
+                            config.handover_timeout_s)
+                learner.handed_over.clear()
+                learner.epoch = time.time_ns()
     finally:
         if helper is not None:
             helper.cancel()
     return {"iteration": learner.iteration, "version": learner.version,
             "env_steps": learner.env_steps}
+
+
+async def _train_until_handover(learner: Learner) -> bool:
+    """Train until the budget or a stop (True), or until the state was handed over (False)."""
+    learner.not_training.clear()
+    training = asyncio.ensure_future(learner.train_on_policy() if learner.alg.on_policy
+                                     else learner.train_off_policy())
+    handover = asyncio.ensure_future(learner.handed_over.wait())
+    try:
+        await asyncio.wait({training, handover}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        handover.cancel()
+        if not training.done():
+            training.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await training
+        learner.not_training.set()  # the state is final: a handover may snapshot it now
+    if not training.cancelled():
+        training.result()
+    return not learner.handed_over.is_set()

@@ -52,11 +52,14 @@ class Trajectory(Message):
 
 @message("rl.sample_request")
 class SampleRequest(Message):
-    """learner -> replay_store (``sample`` service)."""
+    """learner -> replay_store (``sample`` service). ``learner_version`` is the version of the
+    learner's newest parameters (what ``ExperienceBatch.version`` counts in), so the store's
+    ``max_staleness`` is in parameter versions whatever ``publish_params_every`` is; -1: unknown."""
 
     batch_size: int
     batch_length: int
     learner_iter: int
+    learner_version: int = -1
 
 
 @message("rl.sample")
@@ -81,11 +84,21 @@ class Priorities(Message):
 
 @message("rl.params")
 class Params(Message):
-    """learner -> unroller, evaluator: the policy parameters, with a version that only grows."""
+    """learner -> unroller, evaluator: the policy parameters.
+
+    Parameters are ordered by ``(epoch, version)``. ``version`` counts published updates and
+    grows within a learner and across a swap (the new learner continues the old one's count);
+    ``epoch`` is new whenever a learner starts from anything but a live predecessor (a fresh
+    start, a restart from a checkpoint), so a restarted learner's parameters are taken at once
+    although its version restarted from an older checkpoint."""
 
     version: int
     env_steps: int
     params: dict
+    epoch: int = 0
+
+    def newer_than(self, epoch: int, version: int) -> bool:
+        return (self.epoch, self.version) > (epoch, version)
 
 
 @message("rl.metrics")
@@ -98,12 +111,14 @@ class Metrics(Message):
 
 
 FINAL_CHECKPOINT = "run ending"
+HANDOVER = "handover"  # a swapped-in learner asks its predecessor: stop training, give me all
 
 
 @message("rl.state_request")
 class StateRequest(Message):
     """checkpointer -> learner/replay_store/unroller: send me your full state. ``reason`` is
-    ``FINAL_CHECKPOINT`` for the checkpoint taken when the run stops."""
+    ``FINAL_CHECKPOINT`` for the checkpoint taken when the run stops, ``HANDOVER`` when a
+    swapped-in learner takes over from the one that answers."""
 
     reason: str
 

@@ -11,6 +11,9 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from nodes.messages import Metrics
+from pipeline.ports import Port, Ports
+
 
 @dataclass(frozen=True)
 class Config:
@@ -18,15 +21,19 @@ class Config:
     tensorboard: bool = field(default=True, metadata={"doc": "also write event files"})
 
 
-async def run(config: Config, bus, ready) -> dict:
+PORTS = Ports(subscribes={"metrics": Port(Metrics)})
+
+
+async def run(config: Config, node, ready) -> dict:
+    bus = node.bus
     metrics = bus.subscriber("metrics")
-    path = os.path.join(bus.context.run_dir, config.filename)
+    path = os.path.join(node.info.run_dir, config.filename)
     writer = None
     if config.tensorboard:
         # TensorBoard's own writer, not torch's: this process then never imports torch.
         from tensorboard.summary import Writer
 
-        writer = Writer(os.path.join(bus.context.run_dir, "tensorboard"))
+        writer = Writer(os.path.join(node.info.run_dir, "tensorboard"))
     ready()
     written = 0
     try:
@@ -42,7 +49,7 @@ async def run(config: Config, bus, ready) -> dict:
                         if isinstance(value, int | float):
                             writer.add_scalar(name, value, msg.env_steps)
                 written += 1
-                bus.status["written"] = written
+                node.status["written"] = written
     finally:
         if writer is not None:
             writer.close()

@@ -8,6 +8,17 @@ the unroller, nothing dropped) when it would go above. Nothing is sampled before
 ``min_size_to_sample`` steps are stored. A sample request of size 0 means the learner left:
 inserts are no longer held back (so producers can drain at the end of a run).
 
+Replay controls from the config reach the buffer as its components (``storage``): ``max_use``
+and ``max_staleness`` (in learner parameter versions: experience carries the version of the
+policy that produced it, a sample request the learner's newest version), sampled-attribute
+statistics and the throughput monitor (published as ``replay/...`` metrics), ERE or a fixed
+``sample_range``, ``num_earliest_frames_ignored``, n-step returns and episodic information
+added to each sample (``nstep.*``, ``episode.*`` fields, ``[B]``, of each sequence's first
+step), prioritized replay whose IS exponent is annealed from ``beta_start`` to 1.0, and
+frames stored once (``frame_stack``: stacks of the last k frames rebuilt per sample). A
+sample request that finds nothing to sample (everything evicted or stale) waits for inserts,
+and inserts are not held back meanwhile.
+
 All of this runs on one event loop, so the buffer needs no lock; a checkpoint gets a copy of
 the buffer's state (``state_dict`` clones), so ingest and sampling go on while the checkpointer
 writes it.
@@ -25,9 +36,32 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from nodes._common import resolve_device, to_torch
-from nodes.messages import ExperienceBatch, Metrics, SampleBatch, StateReply
-from storage import PER, ReplayBuffer, TensorSpec
+from nodes._common import resolve_device
+from nodes.messages import (
+    ExperienceBatch,
+    Metrics,
+    Priorities,
+    SampleBatch,
+    SampleRequest,
+    StateReply,
+    StateRequest,
+)
+from pipeline.config import ConfigError
+from pipeline.ports import Port, Ports, Service
+from storage import (
+    ERE,
+    PER,
+    BetaSchedule,
+    MaxStaleness,
+    MaxUse,
+    NothingToSample,
+    ReplayBuffer,
+    SampleStatistics,
+    TensorSpec,
+    ThroughputMonitor,
+    nstep_returns,
+)
+from storage.frame_stack import check_stackable, stacked_frames
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +72,53 @@ class Config:
     max_length: int = field(default=100_000, metadata={"doc": "steps kept per environment"})
     prioritized_sampling: bool = field(default=False, metadata={"doc": "segment-tree PER"})
     priority_replay_alpha: float = field(default=0.6, metadata={"doc": "priority exponent"})
-    priority_replay_beta: float = field(default=0.4, metadata={"doc": "IS-weight exponent"})
     priority_replay_eps: float = field(default=1e-6, metadata={"doc": "added to priorities"})
+    beta_start: float = field(default=0.4, metadata={
+        "doc": "PER importance-weight exponent at the start (annealed to 1.0)"})
+    beta_anneal_samples: int = field(default=0, metadata={
+        "doc": "sampled items over which beta goes linearly to 1.0 (0: stays at beta_start)"})
     initial_priority: float = field(default=1.0, metadata={"doc": "priority of new steps"})
     recent_data_ratio: float = field(default=0.0, metadata={"doc": "share of recent samples"})
     recent_data_steps: int = field(default=1, metadata={"doc": "what counts as recent"})
+    with_replacement: bool = field(default=False, metadata={
+        "doc": "draw with replacement (default: stratified, ALF)"})
+    num_earliest_frames_ignored: int = field(default=0, metadata={
+        "doc": "never start a sample in an environment's first N stored steps", "minimum": 0})
+    max_use: int | None = field(default=None, metadata={
+        "doc": "evict a step once sampled this many times", "minimum": 1})
+    max_staleness: int | None = field(default=None, metadata={
+        "doc": "never sample a step collected more than this many learner parameter versions "
+               "ago", "minimum": 0})
+    sample_statistics: bool = field(default=False, metadata={
+        "doc": "publish use count and staleness of sampled steps (replay/use_*, staleness_*)"})
+    throughput_period_s: float | None = field(default=None, metadata={
+        "doc": "publish pushed/sampled/removed per second over periods this long"})
+    sample_range: list[int | None] | None = field(default=None, metadata={
+        "doc": "[start, stop] slice of each environment's stored steps a sample starts in "
+               "(e.g. [-1000, null]: the newest 1000)"})
+    ere_eta: float | None = field(default=None, metadata={
+        "doc": "Emphasizing Recent Experience: sample the newest N * eta^(k*1000/K) steps"})
+    ere_cmin: int = field(default=5000, metadata={"doc": "ERE's smallest window", "minimum": 1})
+    ere_round: int = field(default=1000, metadata={
+        "doc": "ERE's K: sample requests per round of shrinking windows", "minimum": 1})
+    nstep: int = field(default=1, metadata={
+        "doc": "add n-step returns from storage to samples (nstep.*) when > 1", "minimum": 1})
+    nstep_gamma: float = field(default=0.99, metadata={"doc": "discount of nstep returns"})
+    keep_episodic_info: bool = field(default=False, metadata={
+        "doc": "index episodes; samples carry episode.begin_position, episode.steps_to_end"})
+    record_episodic_return: bool = field(default=False, metadata={
+        "doc": "samples carry episode.discounted_return (ALF; implies keep_episodic_info)"})
+    episodic_gamma: float = field(default=0.99, metadata={"doc": "discount of that return"})
+    default_return: float = field(default=-1000.0, metadata={
+        "doc": "discounted return of steps whose episode has not ended"})
+    reward_clip: list[float] | None = field(default=None, metadata={
+        "doc": "[min, max] clip of rewards in the discounted return"})
+    frame_stack: int = field(default=1, metadata={
+        "doc": "keep single frames of frame_field and rebuild stacks of the last k at sample "
+               "time, never across an episode start (raises num_earliest_frames_ignored to "
+               "k - 1)", "minimum": 1})
+    frame_field: str = field(default="observation", metadata={
+        "doc": "the experience field holding one frame per step (for frame_stack)"})
     min_size_to_sample: int = field(default=1000, metadata={"doc": "steps before sampling"})
     samples_per_insert: float | None = field(default=None, metadata={"doc": "rate limit"})
     spi_tolerance: float = field(default=10_000.0, metadata={"doc": "rate limit slack, items"})
@@ -51,6 +127,44 @@ class Config:
         "doc": "memory-map the buffer here (relative to the run directory): a restarted store "
                "re-attaches to it and loses nothing, instead of going back to a checkpoint"})
     metrics_interval_s: float = field(default=5.0, metadata={"doc": "metrics period"})
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """Values that must agree; a ``ConfigError`` names the key (the graph adds file:line)."""
+        if self.num_earliest_frames_ignored >= self.max_length:
+            raise ConfigError("num_earliest_frames_ignored",
+                              f"must be below max_length {self.max_length}")
+        if self.frame_stack > self.max_length:
+            raise ConfigError("frame_stack", f"must not exceed max_length {self.max_length}")
+        if not 0.0 <= self.beta_start <= 1.0:
+            raise ConfigError("beta_start", f"must lie in [0, 1], got {self.beta_start}")
+        if self.beta_anneal_samples < 0:
+            raise ConfigError("beta_anneal_samples", "must be >= 0")
+        if self.beta_anneal_samples and not self.prioritized_sampling:
+            raise ConfigError("beta_anneal_samples", "needs prioritized_sampling: true")
+        if self.priority_replay_alpha < 0 or self.priority_replay_eps < 0:
+            raise ConfigError("priority_replay_alpha" if self.priority_replay_alpha < 0
+                              else "priority_replay_eps", "must be >= 0")
+        if not 0.0 <= self.recent_data_ratio <= 1.0:
+            raise ConfigError("recent_data_ratio", "must lie in [0, 1]")
+        if self.sample_range is not None:
+            if len(self.sample_range) != 2:
+                raise ConfigError("sample_range", "must be [start, stop] (either may be null)")
+            if self.ere_eta is not None:
+                raise ConfigError("sample_range", "and ere_eta both choose the sampled window: "
+                                  "set one")
+        if self.ere_eta is not None and not 0.0 < self.ere_eta <= 1.0:
+            raise ConfigError("ere_eta", f"must lie in (0, 1], got {self.ere_eta}")
+        for key in ("nstep_gamma", "episodic_gamma"):
+            if not 0.0 < getattr(self, key) <= 1.0:
+                raise ConfigError(key, f"must lie in (0, 1], got {getattr(self, key)}")
+        if self.reward_clip is not None and (len(self.reward_clip) != 2
+                                             or self.reward_clip[0] > self.reward_clip[1]):
+            raise ConfigError("reward_clip", "must be [min, max] with min <= max")
+        if self.throughput_period_s is not None and self.throughput_period_s <= 0:
+            raise ConfigError("throughput_period_s", "must be > 0")
 
 
 class RateLimiter:
@@ -61,6 +175,9 @@ class RateLimiter:
         self.inserted = 0
         self.sampled = 0
         self.sampler_active = True  # False once the learner said it left: stop holding inserts
+        # True while a sample request waits because nothing is sampleable (all evicted or
+        # stale): only new data can help, so inserts are not held back meanwhile.
+        self.starved = False
         self.changed = asyncio.Event()
 
     def _diff(self) -> float:
@@ -72,7 +189,8 @@ class RateLimiter:
         return self.spi is None or self._diff() - items >= -self.tolerance
 
     def can_insert(self, items: int) -> bool:
-        if self.spi is None or not self.sampler_active or self.inserted + items <= self.min_size:
+        if (self.spi is None or not self.sampler_active or self.starved
+                or self.inserted + items <= self.min_size):
             return True
         return self._diff() + items * self.spi <= self.tolerance
 
@@ -93,11 +211,32 @@ def _write_spec(path: str, spec: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
+def _controls(config: Config) -> dict:
+    """The buffer's controls for ``config``, by name (each one is a storage component)."""
+    controls = {}
+    if config.max_use is not None:
+        controls["max_use"] = MaxUse(config.max_use)
+    if config.max_staleness is not None:
+        controls["max_staleness"] = MaxStaleness(config.max_staleness)
+    if config.sample_statistics:
+        controls["sample_statistics"] = SampleStatistics()
+    if config.throughput_period_s is not None:
+        controls["throughput"] = ThroughputMonitor(config.throughput_period_s)
+    if config.prioritized_sampling:
+        controls["beta"] = BetaSchedule(config.beta_start, config.beta_anneal_samples)
+    return controls
+
+
 class ReplayStore:
-    def __init__(self, config: Config, bus):
-        self.config, self.bus = config, bus
-        self.device = resolve_device(bus.context.device)
+    def __init__(self, config: Config, node):
+        bus = node.bus
+        self.config, self.node, self.bus = config, node, bus
+        self.device = resolve_device(node.info.device)
         self.buffer: ReplayBuffer | None = None
+        self.controls: dict = {}
+        self.ere = ERE(config.ere_eta, config.ere_cmin) if config.ere_eta is not None else None
+        self.sample_requests = 0  # served, for ERE's round
+        self.last_sample: dict = {}  # per-sample figures published as metrics
         self.limiter = RateLimiter(config.samples_per_insert, config.spi_tolerance,
                                    config.min_size_to_sample)
         self.pending: collections.deque = collections.deque()  # sample requests that wait
@@ -108,23 +247,53 @@ class ReplayStore:
     def storage_dir(self) -> str | None:
         if self.config.storage_dir is None:
             return None
-        return os.path.join(self.bus.context.run_dir, self.config.storage_dir)
+        return os.path.join(self.node.info.run_dir, self.config.storage_dir)
 
     def make_buffer(self, experience: dict) -> None:
         spec = {k: TensorSpec(tuple(np.shape(v))[1:], torch.from_numpy(np.array(v[:1])).dtype)
                 for k, v in experience.items()}
+        config = self.config
         if self.storage_dir is not None:
             os.makedirs(self.storage_dir, exist_ok=True)
             _write_spec(os.path.join(self.storage_dir, "spec.json"), spec)
-        per = PER(self.config.priority_replay_alpha, self.config.priority_replay_beta,
-                  self.config.priority_replay_eps) if self.config.prioritized_sampling else None
+        per = PER(config.priority_replay_alpha, config.beta_start,
+                  config.priority_replay_eps) if config.prioritized_sampling else None
+        self.controls = _controls(config)
+        stacking = config.frame_stack > 1  # stacks need episode starts and k - 1 older frames
+        episodic = config.keep_episodic_info or config.record_episodic_return or stacking
         self.buffer = ReplayBuffer(
-            spec, self.config.num_environments, self.config.max_length,
-            prioritized_sampling=self.config.prioritized_sampling,
-            initial_priority=self.config.initial_priority,
-            recent_data_ratio=self.config.recent_data_ratio,
-            recent_data_steps=self.config.recent_data_steps,
-            device=self.device, per=per, seed=self.config.seed, storage_dir=self.storage_dir)
+            spec, config.num_environments, config.max_length,
+            num_earliest_frames_ignored=max(config.num_earliest_frames_ignored,
+                                            config.frame_stack - 1),
+            prioritized_sampling=config.prioritized_sampling,
+            initial_priority=config.initial_priority,
+            recent_data_ratio=config.recent_data_ratio,
+            recent_data_steps=config.recent_data_steps,
+            with_replacement=config.with_replacement,
+            keep_episodic_info=episodic or None,
+            record_episodic_return=config.record_episodic_return,
+            default_return=config.default_return, gamma=config.episodic_gamma,
+            reward_clip=tuple(config.reward_clip) if config.reward_clip else None,
+            device=self.device, per=per, seed=config.seed, storage_dir=self.storage_dir,
+            controls=tuple(self.controls.values()))
+        if stacking:
+            try:
+                check_stackable(self.buffer, config.frame_field, config.frame_stack)
+            except ValueError as exc:
+                raise ValueError(f"replay_store frame_field: {exc}") from None
+
+    def describe(self) -> dict:
+        """What the buffer was built with, read back from the buffer itself (for status)."""
+        b = self.buffer
+        if b is None:
+            return {}
+        return {"backend": b.backend.name, "controls": sorted(self.controls),
+                "prioritized": b._prioritized_sampling, "episodic": b.episodes is not None,
+                "num_earliest_frames_ignored": b.sampler.num_earliest_frames_ignored,
+                "ere": self.ere is not None, "sample_range": self.config.sample_range,
+                "nstep": self.config.nstep, "frame_stack": self.config.frame_stack,
+                "frame_shape": list(b.data_spec[self.config.frame_field].shape)
+                if self.config.frame_field in b.data_spec else None}
 
     def reattach(self) -> bool:
         """Map the buffer a previous incarnation left in ``storage_dir``; True if there was one.
@@ -140,6 +309,8 @@ class ReplayStore:
                           for k, s in spec.items()})
         self.limiter.inserted = int(self.buffer.writer.current_pos.sum())
         self.limiter.sampled = int(self.limiter.inserted * (self.limiter.spi or 0))
+        if "beta" in self.controls:  # the schedule's count is not in the files: estimate it
+            self.controls["beta"].sampled = self.limiter.sampled
         return True
 
     def insert(self, msg: ExperienceBatch) -> None:
@@ -149,27 +320,113 @@ class ReplayStore:
                              f"num_environments is {self.config.num_environments}")
         if self.buffer is None:
             self.make_buffer(msg.experience)
-        self.buffer.add_batch(to_torch(msg.experience), torch.from_numpy(env_ids.copy()),
+        # The wire's arrays are copied straight into the rings (no torch copy in between).
+        self.buffer.add_batch(dict(msg.experience), env_ids.astype(np.int64, copy=False),
                               version=msg.version)
         self.limiter.on_insert(len(env_ids))
 
+    def _sample_range(self):
+        config = self.config
+        if self.ere is not None:
+            k = self.sample_requests % config.ere_round
+            window = self.ere.sample_range(self.buffer, k, config.ere_round)
+            self.last_sample["ere_window"] = -window.start * self.buffer.num_environments
+            return window
+        if config.sample_range is not None:
+            return slice(*config.sample_range)
+        return None
+
     def sample(self, req) -> SampleBatch:
+        """Draw ``req``'s batch, or raise ``NothingToSample`` (the request should wait)."""
+        version = req.learner_version if req.learner_version >= 0 else None
         data, info = self.buffer.get_batch(req.batch_size, req.batch_length,
-                                           learner_iter=req.learner_iter)
+                                           sample_range=self._sample_range(),
+                                           learner_iter=version)
+        self.sample_requests += 1
+        # Where the starts lie in their rings: windows and ignored frames show here.
+        writer = self.buffer.writer
+        newest = writer.current_pos[info.env_ids] - 1
+        earliest = writer.earliest(info.env_ids)
+        self.last_sample["start_age_max"] = int((newest - info.positions).max())
+        self.last_sample["start_offset_min"] = int((info.positions - earliest).min())
+        experience = {k: v.cpu() for k, v in data.items()}
+        if self.config.frame_stack > 1:
+            experience[self.config.frame_field] = stacked_frames(
+                self.buffer, self.config.frame_field, info.env_ids, info.positions,
+                req.batch_length, self.config.frame_stack).cpu()
+        experience.update(self._extras(info))
         self.limiter.on_sample(req.batch_size)
-        return SampleBatch({k: v.cpu() for k, v in data.items()}, info.env_ids.cpu(),
-                           info.positions.cpu(), info.importance_weights.cpu(),
-                           self.limiter.inserted)
+        return SampleBatch(experience, info.env_ids.cpu(), info.positions.cpu(),
+                           info.importance_weights.cpu(), self.limiter.inserted)
+
+    def _extras(self, info) -> dict:
+        """n-step returns and episodic information of each sequence's first step, ``[B]``."""
+        config, extras = self.config, {}
+        if config.nstep > 1:
+            result = nstep_returns(self.buffer, info.env_ids, info.positions, config.nstep,
+                                   config.nstep_gamma)
+            extras.update({"nstep.return": result.returns.cpu(),
+                           "nstep.discount": result.bootstrap_discount.cpu(),
+                           "nstep.steps": result.steps.cpu()})
+            self.last_sample["nstep_steps_mean"] = float(result.steps.double().mean())
+        if self.buffer.episodes is not None:
+            begin = self.buffer.get_episode_begin_position(info.positions, info.env_ids)
+            to_end = self.buffer.steps_to_episode_end(info.positions, info.env_ids)
+            extras.update({"episode.begin_position": begin.cpu(),
+                           "episode.steps_to_end": to_end.cpu()})
+            self.last_sample["episode_steps_to_end_mean"] = float(to_end.double().mean())
+        if config.record_episodic_return:
+            returns = info.discounted_return
+            extras["episode.discounted_return"] = returns.cpu()
+            ended = returns != config.default_return
+            self.last_sample["episode_ended_share"] = float(ended.double().mean())
+            if bool(ended.any()):
+                self.last_sample["episode_return_mean"] = float(returns[ended].double().mean())
+        return extras
 
     async def serve_pending(self) -> None:
-        """Answer the waiting sample requests the rate limiter now allows, in order."""
+        """Answer the waiting sample requests the rate limiter now allows, in order; one that
+        finds nothing to sample waits for the next insert."""
         while self.pending:
             request = self.pending[0]
             msg = request.message
             if not self.limiter.can_sample(msg.batch_size):
                 return
+            try:
+                batch = self.sample(msg)
+            except NothingToSample:
+                if not self.limiter.starved:
+                    log.info("nothing to sample (evicted or stale): waiting for new experience")
+                self.limiter.starved = True
+                self.limiter.changed.set()
+                return
+            self.limiter.starved = False
             self.pending.popleft()
-            await request.reply(self.sample(msg))
+            await request.reply(batch)
+
+    def metrics(self) -> dict:
+        """This period's ``replay/...`` figures: sizes, controls, and the last sample's."""
+        values = {"replay/size": int(self.buffer.total_size) if self.buffer is not None else 0,
+                  "replay/inserted": self.limiter.inserted,
+                  "replay/sampled": self.limiter.sampled,
+                  "replay/stale_priority_updates": self.rejected_priorities}
+        if self.buffer is None:
+            return values
+        values["replay/sampleable"] = self.buffer.num_sampleable
+        stats = self.controls.get("sample_statistics")
+        if stats is not None:
+            values.update({f"replay/{k}": v for k, v in stats.last.items()})
+        monitor = self.controls.get("throughput")
+        report = monitor.poll() if monitor is not None else None
+        if report is not None:
+            period = report["period_s"]
+            values.update({f"replay/{k}_per_s": report[k] / period
+                           for k in ("pushed", "sampled", "removed")})
+            values["replay/valid"] = report["valid"]
+        if "beta" in self.controls:
+            values["replay/beta"] = self.controls["beta"].beta
+        values.update({f"replay/{k}": v for k, v in self.last_sample.items()})
+        return values
 
     def update_priorities(self, msg) -> None:
         if self.buffer is None or not self.config.prioritized_sampling:
@@ -186,7 +443,8 @@ class ReplayStore:
                 "spec": None if self.buffer is None else {
                     k: {"shape": list(s.shape), "dtype": str(s.dtype).replace("torch.", "")}
                     for k, s in self.buffer.data_spec.items()},
-                "inserted": self.limiter.inserted, "sampled": self.limiter.sampled}
+                "inserted": self.limiter.inserted, "sampled": self.limiter.sampled,
+                "sample_requests": self.sample_requests}
 
     def restore(self, state: dict) -> None:
         if state["buffer"] is not None:
@@ -195,16 +453,26 @@ class ReplayStore:
             self.make_buffer(example)
             self.buffer.load_state_dict(state["buffer"])
         self.limiter.inserted, self.limiter.sampled = state["inserted"], state["sampled"]
+        self.sample_requests = int(state.get("sample_requests", 0))
 
 
-async def run(config: Config, bus, ready) -> dict:
+# What the graph entry may list (pipeline.ports): checked at load.
+PORTS = Ports(subscribes={"experience": Port(ExperienceBatch),
+                          "priorities": Port(Priorities, required=False)},
+              serves={"sample": Service(SampleRequest, SampleBatch),
+                      "replay_state": Service(StateRequest, StateReply, required=False)},
+              publishes={"metrics": Port(Metrics, required=False)})
+
+
+async def run(config: Config, node, ready) -> dict:
+    bus = node.bus
     torch.set_num_threads(1)
-    store = ReplayStore(config, bus)
+    store = ReplayStore(config, node)
     if store.reattach():
         log.info("replay re-attached to %s: %d steps inserted", store.storage_dir,
                  store.limiter.inserted)
-    elif bus.context.resume:
-        path = os.path.join(bus.context.resume, "replay_store.pt")
+    elif node.info.resume:
+        path = os.path.join(node.info.resume, "replay_store.pt")
         if os.path.exists(path):
             store.restore(torch.load(path, weights_only=True))
             log.info("replay restored from %s: %d steps inserted", path, store.limiter.inserted)
@@ -220,14 +488,16 @@ async def run(config: Config, bus, ready) -> dict:
             # Backpressure: the learner must catch up. When the run stops, drain regardless,
             # so the unroller's last experience is stored, not lost.
             while not (store.limiter.can_insert(config.num_environments)
-                       or bus.stopping.is_set()):
+                       or node.stopping.is_set()):
                 store.limiter.changed.clear()
                 await store.limiter.changed.wait()
             envelope = await experience.recv()
             if envelope is None:
                 return
             store.insert(envelope.message)
-            bus.status["inserted"] = store.limiter.inserted
+            node.status["inserted"] = store.limiter.inserted
+            if "buffer" not in node.status:
+                node.status["buffer"] = store.describe()
             await store.serve_pending()
 
     async def serve_samples():
@@ -240,7 +510,7 @@ async def run(config: Config, bus, ready) -> dict:
             store.limiter.sampler_active = True
             store.pending.append(request)
             await store.serve_pending()
-            bus.status["sampled"] = store.limiter.sampled
+            node.status["sampled"] = store.limiter.sampled
 
     async def apply_priorities():
         async for envelope in priorities:
@@ -253,14 +523,12 @@ async def run(config: Config, bus, ready) -> dict:
     async def report():
         while True:
             await asyncio.sleep(config.metrics_interval_s)  # a reporting period
-            size = int(store.buffer.total_size) if store.buffer is not None else 0
-            await metrics.send(Metrics(bus.context.instance, store.limiter.inserted, {
-                "replay/size": size, "replay/inserted": store.limiter.inserted,
-                "replay/sampled": store.limiter.sampled,
-                "replay/stale_priority_updates": store.rejected_priorities}))
+            node.status["buffer"] = store.describe()
+            await metrics.send(Metrics(node.info.instance, store.limiter.inserted,
+                                       store.metrics()))
 
     async def wake_on_stop():
-        await bus.stopping.wait()
+        await node.stopping.wait()
         store.limiter.changed.set()
 
     helpers = [asyncio.ensure_future(serve_samples()), asyncio.ensure_future(wake_on_stop())]
@@ -279,5 +547,7 @@ async def run(config: Config, bus, ready) -> dict:
     finally:
         for task in [main, *helpers]:
             task.cancel()
+        if store.buffer is not None:
+            store.buffer.close()  # flush a memory-mapped buffer and release its directory
     return {"inserted": store.limiter.inserted, "sampled": store.limiter.sampled,
-            "priority_updates": store.priority_updates}
+            "priority_updates": store.priority_updates, "buffer": store.describe()}

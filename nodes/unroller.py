@@ -11,12 +11,12 @@ runner's actions, and publishes what was collected:
   waits for a newer one.
 
 It waits for the learner's first parameters before acting, so every process starts from the
-same network.
+same network. Parameters are taken when newer by ``(epoch, version)``: a restarted learner,
+whose version restarted from a checkpoint, is followed at once (:class:`~nodes.messages.Params`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field
 
@@ -24,8 +24,28 @@ import numpy as np
 import torch
 
 from algorithms.data import TimeStep
-from nodes._common import AlgorithmConfig, RandomPolicy, make_algorithm, strip_empty, to_numpy
-from nodes.messages import FINAL_CHECKPOINT, ActionBatch, ExperienceBatch, StateReply, Trajectory
+from nodes._algorithm_config import is_on_policy, is_random
+from nodes._algorithm_config import validate as validate
+from nodes._common import (
+    AlgorithmConfig,
+    ProbeLog,
+    make_algorithm,
+    restore_from_checkpoint,
+    start_state_server,
+    strip_empty,
+    to_numpy,
+)
+from nodes.messages import (
+    FINAL_CHECKPOINT,
+    ActionBatch,
+    ExperienceBatch,
+    Params,
+    StateReply,
+    StateRequest,
+    TimeStepBatch,
+    Trajectory,
+)
+from pipeline.ports import Port, Ports, Service
 
 log = logging.getLogger(__name__)
 
@@ -39,49 +59,61 @@ class Config(AlgorithmConfig):
     params_timeout_s: float = field(default=300.0, metadata={"doc": "wait for parameters"})
 
 
+def PORTS(config: Config) -> Ports:  # noqa: N802 - the name the pipeline looks for
+    """It serves ``policy``; publishes ``trajectories`` on-policy, ``experience`` off-policy;
+    needs ``params`` unless the algorithm is ``random``."""
+    output = ({"trajectories": Port(Trajectory)} if is_on_policy(config) else
+              {"experience": Port(ExperienceBatch)})
+    return Ports(publishes=output,
+                 subscribes={"params": Port(Params, required=not is_random(config))},
+                 serves={"policy": Service(TimeStepBatch, ActionBatch),
+                         "unroller_state": Service(StateRequest, StateReply, required=False)})
+
+
 class Stopping(Exception):
     """The run is ending while the unroller waits for parameters."""
 
 
 class Unroller:
-    def __init__(self, config: Config, bus):
+    def __init__(self, config: Config, node):
+        bus = node.bus
         torch.manual_seed(config.seed)
         torch.set_num_threads(1)
-        self.config, self.bus = config, bus
-        self.alg = make_algorithm(config.env_id, config.algorithm, bus.context.device,
-                                  config.env_kwargs)
+        self.config, self.node, self.bus = config, node, bus
+        self.alg = make_algorithm(config, node.info.device)
         self.params = bus.subscriber("params") if bus.subscribes("params") else None
         self.on_policy = self.alg.on_policy
         self.output = bus.publisher("trajectories" if self.on_policy else "experience")
         self.version = -1
+        self.epoch = -1  # of the learner whose parameters we act with
         self.env_steps = 0
         self.unrolls_at_version = 0
         self.rows: dict[str, list[dict]] = {}  # on-policy rows per runner
         self.states: dict[str, object] = {}
+        self.probe = ProbeLog(node.status, config.probe_observation)
 
     def load_params(self, envelope) -> None:
         msg = envelope.message
-        if msg.version > self.version:
+        if msg.newer_than(self.epoch, self.version):
             self.alg.load_policy_state_dict(msg.params)
-            self.version = msg.version
+            self.epoch, self.version = msg.epoch, msg.version
             self.unrolls_at_version = 0
-            self.bus.status["version"] = self.version
+            self.node.status.update(version=self.version, epoch=self.epoch)
+            self.probe.record(self.alg, self.version)
 
-    async def wait_for_params(self, newer_than: int) -> None:
-        """Wait for a version newer than ``newer_than``; raise Stopping if the run ends."""
-        while self.version <= newer_than:
-            recv = asyncio.ensure_future(self.params.recv())
-            stop = asyncio.ensure_future(self.bus.stopping.wait())
-            done, _ = await asyncio.wait({recv, stop}, timeout=self.config.params_timeout_s,
-                                         return_when=asyncio.FIRST_COMPLETED)
-            stop.cancel()
-            if recv not in done:
-                recv.cancel()
-                if self.bus.stopping.is_set():
-                    raise Stopping
-                raise TimeoutError(f"no parameters newer than version {newer_than} within "
-                                   f"{self.config.params_timeout_s:.0f}s")
-            self.load_params(recv.result())
+    async def wait_for_params(self) -> None:
+        """Wait for parameters newer than those we have; raise Stopping if the run ends."""
+        have = (self.epoch, self.version)
+        while (self.epoch, self.version) <= have:
+            try:
+                envelope = await self.node.wait_or_stop(self.params.recv(),
+                                                        timeout=self.config.params_timeout_s)
+            except TimeoutError:
+                raise TimeoutError(f"no parameters newer than version {have[1]} within "
+                                   f"{self.config.params_timeout_s:.0f}s") from None
+            if envelope is None:
+                raise Stopping
+            self.load_params(envelope)
 
     def refresh_params(self) -> None:
         if self.params is None:
@@ -92,7 +124,7 @@ class Unroller:
 
     async def act(self, requests: list) -> None:
         if self.on_policy and self.unrolls_at_version >= self.config.max_unrolls_per_version:
-            await self.wait_for_params(self.version)
+            await self.wait_for_params()
         self.refresh_params()
         steps = [r.message for r in requests]
         sizes = [len(s.time_step["step_type"]) for s in steps]
@@ -102,7 +134,7 @@ class Unroller:
         action = to_numpy(alg_step.output)
         info = to_numpy(dict(alg_step.info or {}))
         self.env_steps += int(sum(sizes))
-        self.bus.status["env_steps"] = self.env_steps
+        self.node.status["env_steps"] = self.env_steps
         bounds = np.cumsum([0, *sizes])
         for i, request in enumerate(requests):
             lo, hi = bounds[i], bounds[i + 1]
@@ -133,40 +165,34 @@ class Unroller:
         self.env_steps = int(state["env_steps"])
 
 
-async def run(config: Config, bus, ready) -> dict:
-    unroller = Unroller(config, bus)
-    if bus.context.resume:
-        _restore(unroller, bus.context.resume)
+async def run(config: Config, node, ready) -> dict:
+    bus = node.bus
+    unroller = Unroller(config, node)
+    restore_from_checkpoint(unroller, "unroller", node.info.resume)
     server = bus.server("policy")
-    state_server = bus.server("unroller_state") if bus.publishes("unroller_state") else None
     try:
-        if not isinstance(unroller.alg, RandomPolicy):
-            await unroller.wait_for_params(-1)
+        if not is_random(config):
+            await unroller.wait_for_params()
     except Stopping:
         return {"env_steps": unroller.env_steps, "version": unroller.version}
     ready()
 
-    async def serve_state():
-        async for request in state_server:
-            if request.message.reason == FINAL_CHECKPOINT:
-                # The last checkpoint must hold every step we produced: wait until the
-                # consumers acknowledged all of it before reporting our counters.
-                await unroller.output.flush(config.params_timeout_s)
-            await request.reply(StateReply("unroller", unroller.env_steps, unroller.state()))
+    async def flush_if_final(reason: str) -> None:
+        if reason == FINAL_CHECKPOINT:
+            # The last checkpoint must hold every step we produced: wait until the
+            # consumers acknowledged all of it before reporting our counters.
+            await unroller.output.flush(config.params_timeout_s)
 
-    tasks = [asyncio.ensure_future(serve_state())] if state_server else []
+    state_task = start_state_server(bus, "unroller_state", "unroller", unroller, flush_if_final)
+    tasks = [state_task] if state_task else []
     try:
-        stop = asyncio.ensure_future(bus.stopping.wait())
         while True:
             first = server.recv_nowait()
             if first is None:  # nothing waiting: sleep until a request comes or the run stops
-                nxt = asyncio.ensure_future(server.recv())
-                done, _ = await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
-                if nxt not in done:
-                    nxt.cancel()
+                first = await node.wait_or_stop(server.recv())
+                if first is None:
                     break
-                first = nxt.result()
-            elif stop.done():
+            elif node.stopping.is_set():
                 break
             requests = [first]
             while len(requests) < config.max_batch_requests and \
@@ -192,11 +218,3 @@ def _batched_time_step(steps: list) -> TimeStep:
     return ts._replace(env_id=np.concatenate(
         [np.asarray(s.time_step["env_id"]) + s.env_offset for s in steps]))
 
-
-def _restore(unroller: Unroller, checkpoint: str) -> None:
-    import os
-
-    path = os.path.join(checkpoint, "unroller.pt")
-    if os.path.exists(path):
-        unroller.restore(torch.load(path, weights_only=True))
-        log.info("unroller restored from %s (env_steps %d)", path, unroller.env_steps)

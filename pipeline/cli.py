@@ -14,15 +14,27 @@ import yaml
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 COMMANDS = ("run", "status", "monitor", "stop", "restart", "swap", "scale", "plot", "node",
             "checkpoint")
+# Commands run.py carries out itself; every other one is a supervisor command (cmd_<name>).
+LOCAL_COMMANDS = frozenset({"run", "monitor", "plot", "node"})
+# Reply codes that mean the user asked for something wrong (exit 2); the rest exit 1.
+USAGE_CODES = frozenset({"unknown_command", "bad_request", "unauthorized"})
 
 
 class UsageError(Exception):
     """A user mistake: printed as one line, exit code 2."""
 
 
+class CommandFailed(Exception):
+    """The supervisor could not do what was asked (timeout, run failed): one line, exit 1."""
+
+
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "node":  # the hot path of every node process: no argparse
+        from pipeline.forkserver import PARENT_ENV, die_with_parent
         from pipeline.node import process_main
+
+        if os.environ.get(PARENT_ENV):  # started by a supervisor: never outlive it
+            die_with_parent(int(os.environ[PARENT_ENV]))
 
         return process_main(argv[1], argv[2] if len(argv) > 2 else None)
     if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
@@ -37,6 +49,9 @@ def main(argv: list[str]) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except CommandFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_OK
 
@@ -122,20 +137,24 @@ def cmd_run(args) -> int:
         graph = graphlib.load(graph_path, args.set)
     except graphlib.GraphError as exc:
         raise UsageError(str(exc)) from None
+    if not args.resume:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")[:-3]
+        run_dir = args.run_dir or os.path.join(graph.run.directory, graph.name, stamp)
+    _own_run_dir(run_dir)
+    resume, checked = None, {}
     if args.resume:
         from pipeline.wiring import latest_checkpoint
 
-        resume = latest_checkpoint(run_dir)
-    else:
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")[:-3]
-        run_dir = args.run_dir or os.path.join(graph.run.directory, graph.name, stamp)
-        resume = None
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "graph.yaml"), "w") as f:
-        yaml.safe_dump(graph.raw, f, sort_keys=False)
+        resume = latest_checkpoint(run_dir, lambda line: print(f"warning: {line}",
+                                                               file=sys.stderr), checked)
+    try:
+        with open(os.path.join(run_dir, "graph.yaml"), "w") as f:
+            yaml.safe_dump(graph.raw, f, sort_keys=False)
+    except OSError as exc:
+        raise CommandFailed(f"cannot write to run directory {run_dir}: {exc}") from None
     if args.in_loop:
         return _run_in_loop(graph, run_dir)
-    return _supervise(graph, run_dir, resume, quiet=args.quiet)
+    return _supervise(graph, run_dir, resume, quiet=args.quiet, checked=checked)
 
 
 def _run_in_loop(graph, run_dir: str) -> int:
@@ -153,14 +172,124 @@ def _run_in_loop(graph, run_dir: str) -> int:
     return EXIT_OK
 
 
-def _supervise(graph, run_dir: str, resume: str | None, quiet: bool) -> int:
+_run_dir_lock: int | None = None  # held (never closed) for as long as this process runs
+SECRET_ENV = "CONDUIT_RUN_SECRET"  # every node process of a run has it (consumer-group joins)
+SECRET_FILE = "secret"
+
+
+def _new_secret(run_dir: str) -> str:
+    """A fresh random secret for this run: written to RUN_DIR/secret (mode 0600) for
+    ``run.py`` clients, and put in the environment every node process inherits."""
+    import secrets
+
+    secret = secrets.token_hex(32)
+    path = os.path.join(run_dir, SECRET_FILE)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.fchmod(fd, 0o600)  # it may have existed with other bits
+            os.write(fd, secret.encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise CommandFailed(f"cannot write {path}: {exc.strerror or exc}") from None
+    os.environ[SECRET_ENV] = secret
+    return secret
+
+
+def read_secret(run_dir: str) -> str | None:
+    try:
+        with open(os.path.join(run_dir, SECRET_FILE)) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _own_run_dir(run_dir: str) -> None:
+    """Create the run directory if needed and take its lock, or refuse in one line.
+
+    The lock is an ``flock`` on ``RUN_DIR/.lock``: the kernel drops it when the process that
+    holds it (and the fork server and nodes, which inherit it) are gone, so a run killed with
+    SIGKILL never leaves a stale lock, and a second ``run.py`` on a live run (fresh or
+    ``--resume``) stops before it touches anything of it, sockets included."""
+    global _run_dir_lock
+    import fcntl
+
+    holder = ""
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        fd = os.open(os.path.join(run_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise CommandFailed(f"cannot use run directory {run_dir}: {exc.strerror or exc}"
+                            f"{f' ({exc.filename})' if exc.filename else ''}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        # The run.py that holds it is gone (e.g. killed with SIGKILL): the holders left are its
+        # nodes, which the kernel is killing (they die with their parent). Wait for them.
+        if holder.isdigit() and _gone(int(holder)) and _wait_for_lock(fd, LOCK_WAIT_S):
+            holder = ""
+    if holder:
+        os.close(fd)
+        raise UsageError(f"run directory {run_dir} is in use by another run.py (pid "
+                         f"{holder}); stop that run or choose another directory") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    except OSError as exc:
+        raise CommandFailed(f"cannot write to run directory {run_dir}: {exc}") from None
+    _run_dir_lock = fd
+
+
+LOCK_WAIT_S = 10.0  # for the nodes of a killed run.py to be gone
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # a zombie has exited
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _wait_for_lock(fd: int, timeout_s: float) -> bool:
+    """Block in flock until the lock is ours or ``timeout_s`` passed (an interval timer
+    interrupts the wait)."""
+    import fcntl
+    import signal
+
+    def expire(*_):
+        raise TimeoutError
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _supervise(graph, run_dir: str, resume: str | None, quiet: bool,
+               checked: dict | None = None) -> int:
     import logging
 
     import uvloop
 
     from pipeline import forkserver
-    from pipeline.supervisor import Supervisor
+    from pipeline.supervisor import STOP_CONDITION, Supervisor
 
+    secret = _new_secret(run_dir)
     # Now, while every node kind is imported (graph validation did it) and before the event
     # loop or any ZeroMQ context exists: nodes will be forks of this state.
     server = forkserver.start()
@@ -171,15 +300,24 @@ def _supervise(graph, run_dir: str, resume: str | None, quiet: bool) -> int:
         print(f"resuming from {resume}", file=sys.stderr)
 
     async def go() -> int:
-        sup = Supervisor(graph, run_dir, resume=resume, forkserver=server)
+        sup = Supervisor(graph, run_dir, resume=resume, forkserver=server, checked=checked,
+                         secret=secret)
         code = await sup.run(progress=None if quiet else _progress)
         if sup.failure:
             print(f"\nerror: {sup.failure}", file=sys.stderr)
-        else:
+        elif sup.ended_by in (None, STOP_CONDITION, "duration"):
             print(f"\nrun finished: {run_dir}", file=sys.stderr)
+        else:
+            print(f"\nrun stopped ({sup.ended_by}): {run_dir}", file=sys.stderr)
         return code
 
-    return uvloop.run(go())
+    try:
+        return uvloop.run(go())
+    except Exception as exc:  # noqa: BLE001 - one line on the terminal, the traceback in the log
+        logging.getLogger("pipeline.supervisor").error("the supervisor failed", exc_info=exc)
+        print(f"\nerror: the supervisor failed: {type(exc).__name__}: {exc} (traceback in "
+              f"{os.path.join(run_dir, 'supervisor.log')})", file=sys.stderr)
+        return EXIT_FAILED
 
 
 async def _progress(sup) -> None:
@@ -216,7 +354,11 @@ def _short(v) -> str:
 
 
 def control(run_dir: str, command: str, timeout: float = 120.0, **kwargs) -> dict:
-    """Send one command to a run's supervisor; return its result or raise UsageError."""
+    """Send one command to a run's supervisor; return its result.
+
+    Raises UsageError for a request the supervisor refused as wrong, CommandFailed when it
+    could not carry it out or did not answer within ``timeout`` seconds (it answers before
+    that, with code ``timeout``, if the command is still going on)."""
     import zmq
 
     from pipeline import codec
@@ -229,27 +371,54 @@ def control(run_dir: str, command: str, timeout: float = 120.0, **kwargs) -> dic
     except (OSError, ValueError):
         raise UsageError(f"{run_dir}: not a run directory with a live supervisor "
                          f"(no endpoints.json)") from None
+    if not _is_live(run_dir):
+        raise UsageError(f"{run_dir}: no live run (it ended or was killed; "
+                         f"`run.py run --resume {run_dir}` continues it)")
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
         sock.connect(info["control"])
-        sock.send_multipart(codec.encode(ControlRequest(command, kwargs), "cli"))
+        args = {**kwargs, "_timeout_s": timeout, "_secret": read_secret(run_dir)}
+        sock.send_multipart(codec.encode(ControlRequest(command, args), "cli"))
         if not sock.poll(int(timeout * 1000)):
-            raise UsageError(f"{run_dir}: supervisor did not answer {command!r} within "
-                             f"{timeout:.0f}s (is the run still going?)")
+            raise CommandFailed(f"{run_dir}: supervisor did not answer {command!r} within "
+                                f"{timeout:.0f}s (is the run still going?)")
         reply = codec.decode(sock.recv_multipart()).message
     finally:
         sock.close(linger=0)
     if not reply.ok:
-        raise UsageError(f"{command}: {reply.reason}")
+        code = reply.result.get("code", "internal")
+        if code in USAGE_CODES:
+            raise UsageError(f"{command}: {reply.reason}")
+        raise CommandFailed(f"{command}: {reply.reason} ({code})")
     return reply.result
+
+
+def _is_live(run_dir: str) -> bool:
+    """Whether a run holds the run directory's lock (a directory without one is taken to be
+    live: it may come from a version that did not lock)."""
+    import fcntl
+
+    try:
+        fd = os.open(os.path.join(run_dir, ".lock"), os.O_RDONLY)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def cmd_control_simple(args) -> int:
     result = control(args.run_dir, args.command, timeout=10 if args.command == "status" else 600)
     if args.command == "status" and not args.json:
         print(format_status(result))
+    elif args.command == "checkpoint" and not args.json:
+        print(result["path"])
     else:
         print(json.dumps(result, indent=1))
     return EXIT_OK

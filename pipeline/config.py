@@ -85,6 +85,9 @@ def check(annotation, value, path: str):
     if annotation is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
+        # YAML 1.2 reads 1e5 as a float; a count written that way means the integer.
+        if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 53:
+            return int(value)
         raise ConfigError(path, f"expected an integer, got {_describe(value)}")
     if annotation in (str, bool):
         if isinstance(value, annotation):

@@ -16,12 +16,17 @@ children), sends its output to its log file and runs :func:`pipeline.node.proces
 
 If the server dies, the supervisor kills the nodes it can no longer reap (their watchers
 restart them as usual) and starts every later node as a fresh interpreter.
+
+Nothing outlives the supervisor: the server and every node ask the kernel for SIGKILL when their
+parent dies (:func:`die_with_parent`), so a supervisor killed with SIGKILL takes the server with
+it, and the server its nodes, at once; nobody is left stepping environments for no one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -33,6 +38,20 @@ import traceback
 log = logging.getLogger(__name__)
 
 DISABLE_ENV = "CONDUIT_FORKSERVER"  # "0": start every node as a fresh interpreter
+PARENT_ENV = "CONDUIT_PARENT_PID"  # a fresh-interpreter node's supervisor (die_with_parent)
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when its parent dies, then check that the parent
+    is still ``parent``: it may have died between our fork and this call, and the kernel only
+    watches from now on. Exits at once if the parent is already gone."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def available() -> bool:
@@ -55,10 +74,12 @@ def start() -> ForkServer | None:
     replies_r, replies_w = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
+    supervisor = os.getpid()
     pid = os.fork()
     if pid == 0:  # the server
         code = 1
         try:
+            die_with_parent(supervisor)
             os.close(requests_w)
             os.close(replies_r)
             _serve(requests_r, replies_w)
@@ -118,11 +139,13 @@ def _serve(requests: int, replies: int) -> None:
 def _fork_node(launch_path: str, log_path: str, close: tuple[int, ...]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
+    server = os.getpid()
     pid = os.fork()
     if pid:
         return pid
     code = 1
     try:  # the node: its own session, default signals, output to its log file
+        die_with_parent(server)
         os.setsid()
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):

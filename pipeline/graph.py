@@ -4,42 +4,40 @@ Every mistake becomes one :class:`GraphError` line naming file, line and key, e.
 
     graphs/bad.yaml:12: nodes.sink.kind: unknown node kind 'snk' (known: demo_sink, ...)
 
-Node kinds are modules in ``nodes/`` that define ``async def run(config, bus, ready)`` and
-usually a ``Config`` dataclass; a kind may also be ``package.module:function`` for user code.
+Node kinds are registered with :mod:`pipeline.kinds` (the ``nodes`` package registers its modules);
+a kind may also be ``package.module:function`` for user code.
 """
 
 from __future__ import annotations
 
 import copy
-import importlib
-import pkgutil
 import re
+import tempfile
 from dataclasses import dataclass, field
 
 import yaml
 
 from pipeline import config as configlib
-from pipeline.bus import DELIVERY_CLASSES, RELIABLE
+from pipeline import graphyaml, kinds, ports
+from pipeline.graphyaml import GraphError, Lines
+from pipeline.topics import DELIVERY_CLASSES, HWM_BYTES, RELIABLE
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 RESTART_POLICIES = ("always", "on-failure", "never")
 
 TOP_KEYS = {"name", "description", "topics", "services", "nodes", "run"}
-TOPIC_KEYS = {"delivery", "hwm"}
+TOPIC_KEYS = {"delivery", "hwm", "hwm_bytes"}
+MAX_REPLICAS = 64  # per node: each replica is a process on this machine
+IPC_PATH_MAX = 107  # bytes in a unix socket path (sun_path, with its NUL)
+# Room an ipc endpoint needs besides the node and topic names: the socket directory (the temp
+# directory plus a short per-run name), ".<replica>~<generation up to 6 digits>.", ".tap".
+IPC_DIR_ROOM = 25
+IPC_NAME_ROOM = len(".00~000000..tap")
 NODE_KEYS = {"kind", "replicas", "config", "publishes", "subscribes", "serves", "calls",
              "restart", "device", "nice", "description", "stop_after"}
 RESTART_KEYS = {"policy", "max_failures", "window_s", "backoff_s", "backoff_max_s"}
 RUN_KEYS = {"directory", "duration_s", "stop_when", "heartbeat_s", "heartbeat_timeout_s",
             "grace_s", "transport", "ready_timeout_s"}
-
-
-class GraphError(Exception):
-    """A user mistake in a graph: printed as one line, exit code 2."""
-
-    def __init__(self, source: str, line: int | None, key: str, message: str):
-        self.source, self.line, self.key, self.message = source, line, key, message
-        where = f"{source}:{line}" if line else source
-        super().__init__(f"{where}: {key}: {message}" if key else f"{where}: {message}")
 
 
 @dataclass(frozen=True)
@@ -72,6 +70,7 @@ class TopicDecl:
     name: str
     delivery: str
     hwm: int
+    hwm_bytes: int = HWM_BYTES
 
 
 @dataclass(frozen=True)
@@ -95,6 +94,8 @@ class Graph:
     run: RunSpec
     services: tuple
     raw: dict  # the resolved YAML data, written to the run directory
+    configs: dict = field(default_factory=dict)  # node -> its built config (dataclass or dict)
+    ports: dict = field(default_factory=dict)  # node -> its kind's Ports, or None (undeclared)
 
     def consumer_groups(self, topic: str) -> list[str]:
         return [n.name for n in self.nodes.values() if topic in n.subscribes]
@@ -122,67 +123,25 @@ class Graph:
         return waves
 
 
-# --- YAML with line numbers ---------------------------------------------------------------------
-
-
-class _Lines:
-    """Maps key paths (tuples) to YAML line numbers, for error messages."""
-
-    def __init__(self, source: str):
-        self.source = source
-        self.lines: dict[tuple, int] = {}
-
-    def record(self, node, path=()) -> None:
-        self.lines[path] = node.start_mark.line + 1
-        if isinstance(node, yaml.MappingNode):
-            seen = set()
-            for key_node, value_node in node.value:
-                key = key_node.value
-                if key in seen:
-                    raise GraphError(self.source, key_node.start_mark.line + 1,
-                                     ".".join(map(str, (*path, key))), "duplicate key")
-                seen.add(key)
-                self.lines[(*path, key)] = key_node.start_mark.line + 1
-                self.record(value_node, (*path, key))
-                self.lines[(*path, key)] = key_node.start_mark.line + 1
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                self.record(item, (*path, i))
-
-    def line(self, path) -> int | None:
-        path = tuple(path)
-        while path not in self.lines and path:
-            path = path[:-1]
-        return self.lines.get(path)
-
-    def error(self, path, message: str) -> GraphError:
-        return GraphError(self.source, self.line(path), ".".join(map(str, path)), message)
-
-
 def load(path: str, overrides: list[str] | tuple = ()) -> Graph:
     """Read, override (``key.path=value``), and validate a graph file."""
     try:
-        with open(path) as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            raw = f.read(graphyaml.MAX_GRAPH_BYTES + 1)  # never more: the file may be huge
     except OSError as exc:
         raise GraphError(path, None, "", f"cannot read graph: {exc.strerror}") from None
+    if len(raw) > graphyaml.MAX_GRAPH_BYTES:
+        raise GraphError(path, None, "", f"graph file is larger than "
+                         f"{graphyaml.MAX_GRAPH_BYTES} bytes")
+    try:
+        text = raw.decode()
     except UnicodeDecodeError as exc:
         raise GraphError(path, None, "", f"not UTF-8 text (byte {exc.start})") from None
     return parse(text, path, overrides)
 
 
 def parse(text: str, source: str = "<graph>", overrides: list[str] | tuple = ()) -> Graph:
-    lines = _Lines(source)
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise GraphError(source, mark.line + 1 if mark else None, "",
-                         f"invalid YAML: {problem}") from None
-    if root is not None:
-        lines.record(root)
+    data, lines = graphyaml.read(text, source)
     if not isinstance(data, dict):
         raise GraphError(source, 1, "", "a graph must be a mapping with name, topics, nodes")
     for override in overrides:
@@ -190,13 +149,13 @@ def parse(text: str, source: str = "<graph>", overrides: list[str] | tuple = ())
     return _validate(data, lines)
 
 
-def _apply_override(data: dict, override: str, lines: _Lines) -> None:
+def _apply_override(data: dict, override: str, lines: Lines) -> None:
     if "=" not in override:
         raise GraphError(lines.source, None, override, "--set expects key.path=value")
     key, _, raw = override.partition("=")
     path = key.strip().split(".")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = graphyaml.read_value(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     target = data
@@ -213,7 +172,7 @@ def _apply_override(data: dict, override: str, lines: _Lines) -> None:
     target[path[-1]] = value
 
 
-def _require_mapping(value, path, lines: _Lines, allow_none=True) -> dict:
+def _require_mapping(value, path, lines: Lines, allow_none=True) -> dict:
     if value is None and allow_none:
         return {}
     if not isinstance(value, dict):
@@ -221,13 +180,13 @@ def _require_mapping(value, path, lines: _Lines, allow_none=True) -> dict:
     return value
 
 
-def _check_keys(mapping: dict, allowed: set, path, lines: _Lines) -> None:
+def _check_keys(mapping: dict, allowed: set, path, lines: Lines) -> None:
     for key in mapping:
         if key not in allowed:
             raise lines.error((*path, key), f"unknown key (allowed: {', '.join(sorted(allowed))})")
 
 
-def _names(value, path, lines: _Lines) -> tuple:
+def _names(value, path, lines: Lines) -> tuple:
     if value is None:
         return ()
     if isinstance(value, str):
@@ -239,7 +198,7 @@ def _names(value, path, lines: _Lines) -> tuple:
     return tuple(value)
 
 
-def _typed(value, kind, path, lines: _Lines, minimum=None):
+def _typed(value, kind, path, lines: Lines, minimum=None):
     try:
         value = configlib.check(kind, value, ".".join(map(str, path)))
     except configlib.ConfigError as exc:
@@ -249,7 +208,7 @@ def _typed(value, kind, path, lines: _Lines, minimum=None):
     return value
 
 
-def _validate(data: dict, lines: _Lines) -> Graph:
+def _validate(data: dict, lines: Lines) -> Graph:
     # ``x-...`` keys hold YAML anchors shared by several nodes (docker-compose's convention).
     data = {k: v for k, v in data.items() if not str(k).startswith("x-")}
     _check_keys(data, TOP_KEYS, (), lines)
@@ -270,14 +229,20 @@ def _validate(data: dict, lines: _Lines) -> Graph:
             raise lines.error((*path, "delivery"),
                               f"must be one of {', '.join(DELIVERY_CLASSES)}, got {delivery!r}")
         hwm = _typed(tspec.get("hwm", 1000), int, (*path, "hwm"), lines, minimum=1)
-        topics[tname] = TopicDecl(tname, delivery, hwm)
+        if "hwm_bytes" in tspec and delivery != RELIABLE:
+            raise lines.error((*path, "hwm_bytes"), f"only reliable topics queue messages; a "
+                              f"{delivery} topic drops or replaces them")
+        hwm_bytes = _typed(tspec.get("hwm_bytes", HWM_BYTES), int, (*path, "hwm_bytes"), lines,
+                           minimum=1)
+        topics[tname] = TopicDecl(tname, delivery, hwm, hwm_bytes)
 
     raw_nodes = _require_mapping(data.get("nodes"), ("nodes",), lines)
     if not raw_nodes:
         raise lines.error(("nodes",), "a graph needs at least one node")
-    nodes = {}
+    nodes, configs, declared = {}, {}, {}
     for nname, nspec in raw_nodes.items():
-        nodes[nname] = _validate_node(str(nname), nspec, topics, lines)
+        nodes[nname], configs[nname], declared[nname] = _validate_node(str(nname), nspec,
+                                                                       topics, lines)
 
     published = {t for n in nodes.values() for t in n.publishes}
     served = {s for n in nodes.values() for s in n.serves}
@@ -303,37 +268,69 @@ def _validate(data: dict, lines: _Lines) -> Graph:
     for tname in topics:
         if tname not in published:
             raise lines.error(("topics", tname), "topic is declared but no node publishes it")
+    _check_stop_after_cycles(nodes, lines)
+
+    for n in nodes.values():  # after the structure: the kinds' declared ports
+        if declared[n.name] is None:
+            continue
+        mismatch = ports.check_node(n.kind, declared[n.name],
+                                    {key: getattr(n, key) for key in ports.SECTIONS})
+        if mismatch is not None:
+            section, index, message = mismatch
+            path = ("nodes", n.name, section)
+            raise lines.error(path if index is None else (*path, index), message, key=path)
+    mismatch = ports.check_types({n: p for n, p in declared.items() if p is not None}, nodes)
+    if mismatch is not None:
+        node, section, index, message = mismatch
+        raise lines.error(("nodes", node, section, index), message,
+                          key=("nodes", node, section))
 
     run = _validate_run(_require_mapping(data.get("run"), ("run",), lines), nodes, lines)
-    return Graph(name=name, source=lines.source, topics=topics, nodes=nodes, run=run,
-                 services=tuple(sorted(served)), raw=copy.deepcopy(data))
+    graph = Graph(name=name, source=lines.source, topics=topics, nodes=nodes, run=run,
+                  services=tuple(sorted(served)), raw=copy.deepcopy(data), configs=configs,
+                  ports=declared)
+    for check in kinds.graph_checks():
+        try:
+            check(graph)
+        except configlib.ConfigError as exc:
+            raise lines.error(_key_path(exc.key), exc.message) from None
+    return graph
 
 
-def _check_name(name, path, lines: _Lines) -> None:
+def _check_name(name, path, lines: Lines) -> None:
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise lines.error(path, "names use letters, digits, '_' and '-' and start with a letter")
 
 
-def _validate_node(name: str, spec, topics: dict, lines: _Lines) -> NodeSpec:
+def _validate_node(name: str, spec, topics: dict, lines: Lines) -> NodeSpec:
     path = ("nodes", name)
     _check_name(name, path, lines)
     spec = _require_mapping(spec, path, lines, allow_none=False)
     _check_keys(spec, NODE_KEYS, path, lines)
     kind = spec.get("kind")
     if not isinstance(kind, str) or not kind:
-        raise lines.error((*path, "kind"), "required: the node kind (a module in nodes/ or "
+        raise lines.error((*path, "kind"), "required: the node kind (a registered kind or "
                           "package.module:function)")
-    module, config_cls = resolve_kind(kind, lines, (*path, "kind"))
+    resolved = _resolve(kind, lines, (*path, "kind"))
     replicas = _typed(spec.get("replicas", 1), int, (*path, "replicas"), lines, minimum=1)
+    if replicas > MAX_REPLICAS:
+        raise lines.error((*path, "replicas"), f"must be <= {MAX_REPLICAS}, got {replicas}")
     raw_config = _require_mapping(spec.get("config"), (*path, "config"), lines)
-    if config_cls is not None:
-        try:
-            configlib.build(config_cls, raw_config)
-        except configlib.ConfigError as exc:
-            raise lines.error((*path, "config", *exc.key.split(".")), exc.message) from None
+    try:
+        config = (configlib.build(resolved.config_cls, raw_config) if resolved.config_cls
+                  else dict(raw_config))
+        if resolved.validate is not None:
+            resolved.validate(config)
+    except configlib.ConfigError as exc:
+        raise lines.error((*path, "config", *_key_path(exc.key)), exc.message) from None
     lists = {}
-    for key in ("publishes", "subscribes", "serves", "calls"):
+    for key in ports.SECTIONS:
         lists[key] = _names(spec.get(key), (*path, key), lines)
+    try:
+        declared = ports.of(resolved.ports, config)
+    except Exception as exc:  # user code computing its ports: a mistake there is one line too
+        raise lines.error((*path, "kind"), f"PORTS(config) failed: {type(exc).__name__}: "
+                          f"{exc}") from None
     for key in ("publishes", "subscribes"):
         for i, t in enumerate(lists[key]):
             if t not in topics:
@@ -368,11 +365,17 @@ def _validate_node(name: str, spec, topics: dict, lines: _Lines) -> NodeSpec:
     if nice > 19:
         raise lines.error((*path, "nice"), f"must be 0 to 19, got {nice}")
     stop_after = _names(spec.get("stop_after"), (*path, "stop_after"), lines)
-    return NodeSpec(name=name, kind=kind, replicas=replicas, config=raw_config,
+    node = NodeSpec(name=name, kind=kind, replicas=replicas, config=raw_config,
                     restart=restart, device=device, nice=nice, stop_after=stop_after, **lists)
+    return node, config, declared
 
 
-def _validate_run(spec: dict, nodes: dict, lines: _Lines) -> RunSpec:
+def _key_path(key: str) -> tuple:
+    """A dotted key as a path into the YAML (list indices as ints)."""
+    return tuple(int(part) if part.isdigit() else part for part in key.split(".") if part)
+
+
+def _validate_run(spec: dict, nodes: dict, lines: Lines) -> RunSpec:
     _check_keys(spec, RUN_KEYS, ("run",), lines)
     duration = _typed(spec.get("duration_s"), float | None, ("run", "duration_s"), lines)
     if duration is not None and duration <= 0:
@@ -388,45 +391,92 @@ def _validate_run(spec: dict, nodes: dict, lines: _Lines) -> RunSpec:
     numbers = {k: _typed(spec[k], float, ("run", k), lines, minimum=0.001)
                for k in ("heartbeat_s", "heartbeat_timeout_s", "grace_s", "ready_timeout_s")
                if k in spec}
-    return RunSpec(directory=directory, duration_s=duration, stop_when=stop_when,
-                   transport=transport, **numbers)
+    run = RunSpec(directory=directory, duration_s=duration, stop_when=stop_when,
+                  transport=transport, **numbers)
+    if run.heartbeat_timeout_s < 2 * run.heartbeat_s:
+        # One late heartbeat must not get a healthy node killed (in a loop, every timeout).
+        at = "heartbeat_timeout_s" if "heartbeat_timeout_s" in spec else "heartbeat_s"
+        raise lines.error(("run", at), f"heartbeat_timeout_s ({run.heartbeat_timeout_s:g}) "
+                          f"must be at least twice heartbeat_s ({run.heartbeat_s:g})")
+    if run.transport == "ipc":
+        _check_ipc_paths(nodes, lines)
+    return run
+
+
+def _check_stop_after_cycles(nodes: dict, lines: Lines) -> None:
+    """``stop_after`` edges must not loop: the supervisor would wait on itself to stop."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(name: str, trail: list) -> None:
+        state[name] = 1
+        for i, other in enumerate(nodes[name].stop_after):
+            if state.get(other) == 1:
+                cycle = [*trail[trail.index(other):], name, other] if other in trail \
+                    else [name, other]
+                raise lines.error(("nodes", name, "stop_after", i),
+                                  f"stop_after cycle: {' -> '.join(cycle)}",
+                                  key=("nodes", name, "stop_after"))
+            if other not in state:
+                visit(other, [*trail, name])
+        state[name] = 2
+
+    for name in nodes:
+        if name not in state:
+            visit(name, [])
+
+
+def _check_ipc_paths(nodes: dict, lines: Lines) -> None:
+    """Refuse names that would not fit in a unix socket path, before any process binds."""
+    room = IPC_PATH_MAX - len(tempfile.gettempdir()) - IPC_DIR_ROOM - IPC_NAME_ROOM
+    for node in nodes.values():
+        for name in (*node.publishes, *node.serves):
+            if len(node.name.encode()) + len(name.encode()) > room:
+                raise lines.error(("nodes", node.name), (
+                    f"node name and {name!r} are too long for an ipc socket path "
+                    f"({len(node.name.encode()) + len(name.encode())} bytes together, at most "
+                    f"{room} here): shorten them or use run.transport: tcp"))
 
 
 # --- node kinds -----------------------------------------------------------------------------------
 
 
 def known_kinds() -> list[str]:
-    import nodes
-
-    return sorted(m.name for m in pkgutil.iter_modules(nodes.__path__)
-                  if not m.name.startswith("_") and m.name != "messages")
+    return kinds.known()
 
 
-def resolve_kind(kind: str, lines: _Lines | None = None, path=("kind",)):
+def resolve_kind(kind: str, lines: Lines | None = None, path=("kind",)):
     """Import a node kind; return ``(run function, Config class or None)``."""
+    resolved = _resolve(kind, lines, path)
+    return resolved.run, resolved.config_cls
 
-    def fail(message):
+
+def _resolve(kind: str, lines: Lines | None, path) -> kinds.Kind:
+    try:
+        return kinds.resolve(kind)
+    except kinds.UnknownKind as exc:
         if lines is None:
-            raise GraphError("<graph>", None, ".".join(path), message)
-        raise lines.error(path, message)
+            raise GraphError("<graph>", None, ".".join(path), str(exc)) from None
+        raise lines.error(path, str(exc)) from None
 
-    if ":" in kind:
-        module_name, _, func_name = kind.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as exc:  # user code: a SyntaxError or a raise at import is a mistake too
-            reason = " ".join(str(exc).split())
-            if not isinstance(exc, ImportError):
-                reason = f"{type(exc).__name__}: {reason}"
-            fail(f"cannot import {module_name!r}: {reason}")
-        run = getattr(module, func_name, None)
-        if run is None or not callable(run):
-            fail(f"{module_name!r} has no function {func_name!r}")
-        return run, getattr(run, "Config", None)
-    if not NAME_RE.match(kind) or kind not in known_kinds():
-        fail(f"unknown node kind {kind!r} (known: {', '.join(known_kinds())})")
-    module = importlib.import_module(f"nodes.{kind}")
-    run = getattr(module, "run", None)
-    if run is None:
-        fail(f"nodes/{kind}.py has no run(config, bus, ready) function")
-    return run, getattr(module, "Config", None)
+
+# --- run.py check ----------------------------------------------------------------------------
+
+
+def check_command(argv: list[str]) -> int:
+    """``run.py check GRAPH [--set key.path=value ...]``: validate a graph as ``run`` would
+    (kinds, ports, configs, ``validate`` hooks, graph checks) and start nothing. Prints ``ok``,
+    or the one-line error and exits 2."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="run.py check", description=check_command.__doc__)
+    parser.add_argument("graph")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    try:
+        load(args.graph, args.set)
+    except GraphError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("ok")
+    return 0

@@ -10,7 +10,6 @@ RL payloads (time steps, experience, parameters...) are declared the same way in
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from typing import Any, ClassVar
 
@@ -39,15 +38,6 @@ def message(kind: str):
 def message_class(kind: str) -> type | None:
     """The dataclass registered under ``kind``, or None."""
     return _REGISTRY.get(kind)
-
-
-def load_plugins(package: str = "nodes") -> None:
-    """Import the package that declares the application's message types (if installed), so a
-    process that only watches (``run.py monitor``) can decode them too."""
-    import importlib
-
-    with contextlib.suppress(ImportError):
-        importlib.import_module(package)
 
 
 def registered_kinds() -> list[str]:
@@ -191,12 +181,14 @@ class Join(Message):
     instance: str
     credit: int
     credit_bytes: int
+    token: str = ""  # must equal the run's secret where the publisher has one
 
 
 @message("bus.credit")
 class Credit(Message):
     """Subscriber -> publisher: the next ``acked`` messages were handled; grant their credit
-    (one message each, and their bytes) again."""
+    (one message each, and their bytes) again. ``acked`` 0 is a keepalive: a member silent for
+    ``reliable.MEMBER_TIMEOUT_S`` is dropped and its messages go to the rest of its group."""
 
     topic: str
     acked: int

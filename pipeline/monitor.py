@@ -15,11 +15,9 @@ import numpy as np
 import zmq
 
 from pipeline import codec
-from pipeline.messages import load_plugins
 
 
 def monitor(run_dir: str, topics: list[str], interval: float, count: int, control) -> int:
-    load_plugins()
     status = control(run_dir, "status", timeout=10)
     if topics:
         return _tail_topics(status, topics, count)

@@ -1,12 +1,13 @@
 """Node runtime: runs one node instance, as its own process or as a task in a shared loop.
 
-A node kind is ``async def run(config, bus, ready)``. The runtime builds its typed config, a
-:class:`~pipeline.bus.Bus` wired to the graph, and a control channel to the supervisor; then:
+A node kind is ``async def run(config, node, ready)``. The runtime builds its typed config, a
+:class:`NodeContext` (``node.bus`` wired to the graph, ``node.stopping``, ``node.status``,
+``node.info``), and a control channel to the supervisor; then:
 
 * ``ready()`` is sent to the supervisor when the node calls it (sockets connected, state
   restored), so dependents start only after that;
-* heartbeats carry the bus counters (messages, gaps, depths) and ``bus.status``;
-* on ``Stop`` (or SIGTERM) ``bus.stopping`` is set and reliable subscriptions leave, so a node's
+* heartbeats carry the bus counters (messages, gaps, depths) and ``node.status``;
+* on ``Stop`` (or SIGTERM) ``node.stopping`` is set and reliable subscriptions leave, so a node's
   input loop ends after draining; the runtime then waits until everything the node published
   reliably was acknowledged, and exits 0;
 * if ``run`` raises, a :class:`Failure` with the exception goes to the supervisor before the
@@ -27,11 +28,12 @@ from dataclasses import asdict, dataclass, field
 
 import zmq
 
-from pipeline import codec
+from pipeline import codec, kinds
 from pipeline import config as configlib
 from pipeline.bus import Bus, TopicSpec
-from pipeline.graph import resolve_kind
 from pipeline.messages import (
+    ControlReply,
+    ControlRequest,
     Failure,
     Finished,
     Heartbeat,
@@ -70,6 +72,7 @@ class Launch:
     grace_s: float = 15.0
     resume: str | None = None  # checkpoint directory to restore from, if resuming
     subscribes: list = field(default_factory=list)
+    calls: list | None = None  # services the graph entry lists; None: not checked
 
     def dump(self, path: str) -> None:
         with open(path, "w") as f:
@@ -81,16 +84,64 @@ class Launch:
             return cls(**json.load(f))
 
 
-@dataclass
-class NodeContext:
-    """What a node may want to know about where it runs."""
+@dataclass(frozen=True)
+class NodeInfo:
+    """Where a node instance runs."""
 
-    node: str
-    instance: str
+    node: str  # its name in the graph
+    instance: str  # "<node>.<replica>", stable across restarts
     replica: int
     run_dir: str
     device: str
-    resume: str | None
+    resume: str | None  # checkpoint directory to restore from, if resuming
+
+
+class NodeContext:
+    """Everything a node kind gets besides its config: ``run(config, node, ready)``.
+
+    Why an object of its own: the bus is the transport; when to stop, what to report and where
+    the node runs belong to the runtime, and a node should not patch them onto the bus.
+    """
+
+    def __init__(self, bus: Bus, info: NodeInfo, stopping: asyncio.Event | None = None):
+        self.bus = bus
+        self.info = info
+        self.stopping = stopping or asyncio.Event()  # set when the node should finish
+        self.status: dict = {}  # plain values, reported in every heartbeat
+        # Commands the supervisor may send this node (``run.py checkpoint``): name -> async
+        # function of the command's arguments returning a dict.
+        self.commands: dict = {}
+        self._stopped: asyncio.Future | None = None
+
+    async def wait_or_stop(self, aw, timeout: float | None = None, cancel: bool = True):
+        """The result of ``aw``, or None if the node is asked to stop first.
+
+        On stop ``aw`` is cancelled unless ``cancel`` is false (then the caller keeps it, e.g. a
+        request future it will cancel with others). After ``timeout`` seconds ``aw`` is
+        cancelled and TimeoutError raised. One future watches ``stopping`` for the node's
+        whole life, so this costs one ``asyncio.wait`` per call, not a task per call.
+        """
+        future = asyncio.ensure_future(aw)
+        if self._stopped is None:
+            self._stopped = asyncio.ensure_future(self.stopping.wait())
+        if not future.done():
+            if self.stopping.is_set():
+                if cancel:
+                    future.cancel()
+                return None
+            done, _ = await asyncio.wait((future, self._stopped), timeout=timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if future not in done:
+                if cancel or not done:
+                    future.cancel()
+                if not done:
+                    raise TimeoutError(f"no result within {timeout}s")
+                return None
+        return future.result()
+
+    def close(self) -> None:
+        if self._stopped is not None:
+            self._stopped.cancel()
 
 
 class NodeFailed(Exception):
@@ -100,17 +151,18 @@ class NodeFailed(Exception):
 async def run_instance(launch: Launch, sockets: SocketFactory | None = None,
                        stop: asyncio.Event | None = None) -> dict:
     """Run one node instance to completion; return its summary or raise NodeFailed."""
-    run_fn, config_cls = resolve_kind(launch.kind)
+    kind = kinds.resolve(launch.kind)
+    config_cls = kind.config_cls
     config = configlib.build(config_cls, launch.config) if config_cls else dict(launch.config)
     sockets = sockets or SocketFactory()
     topics = {name: TopicSpec(**spec) for name, spec in launch.topics.items()}
     bus = Bus(launch.incarnation, launch.node, topics, launch.bind, launch.consumer_groups,
-              sockets=sockets, subscriptions=tuple(launch.subscribes))
-    bus.context = NodeContext(launch.node, launch.instance, launch.replica, launch.run_dir,
-                              launch.device, launch.resume)
-    if stop is not None:
-        bus.stopping = stop
-    control = _Control(launch, bus, sockets)
+              sockets=sockets, subscriptions=tuple(launch.subscribes),
+              listed={"subscribes": list(launch.subscribes),
+                      **({"calls": list(launch.calls)} if launch.calls is not None else {})})
+    node = NodeContext(bus, NodeInfo(launch.node, launch.instance, launch.replica,
+                                     launch.run_dir, launch.device, launch.resume), stop)
+    control = _Control(launch, node, sockets)
     try:
         bus.bind_all()  # eagerly, so the supervisor can tell subscribers where to connect
         await control.start()
@@ -121,9 +173,9 @@ async def run_instance(launch: Launch, sockets: SocketFactory | None = None,
         async with asyncio.TaskGroup() as tasks:
             helpers = [tasks.create_task(control.listen()),
                        tasks.create_task(control.heartbeats()),
-                       tasks.create_task(_leave_on_stop(bus))]
+                       tasks.create_task(_leave_on_stop(node))]
             try:
-                summary = await run_fn(config, bus, ready)
+                summary = await kind.run(config, node, ready)
                 if not await bus.flush(launch.grace_s):
                     log.error("%s: reliable messages still unacknowledged after %.0fs",
                               launch.incarnation, launch.grace_s)
@@ -141,6 +193,7 @@ async def run_instance(launch: Launch, sockets: SocketFactory | None = None,
         await control.send_last(Failure(launch.incarnation, error, traceback.format_exc()))
         raise NodeFailed(error) from exc
     finally:
+        node.close()
         bus.close()
         sockets.close_all()
 
@@ -162,16 +215,16 @@ def _plain(value):
     return str(value)
 
 
-async def _leave_on_stop(bus: Bus) -> None:
-    await bus.stopping.wait()
-    bus.leave_all()
+async def _leave_on_stop(node: NodeContext) -> None:
+    await node.stopping.wait()
+    node.bus.leave_all()
 
 
 class _Control:
     """The node's DEALER to the supervisor (absent in-loop, where peers are given up front)."""
 
-    def __init__(self, launch: Launch, bus: Bus, sockets: SocketFactory):
-        self.launch, self.bus = launch, bus
+    def __init__(self, launch: Launch, node: NodeContext, sockets: SocketFactory):
+        self.launch, self.node, self.bus = launch, node, node.bus
         self.sock = None
         if launch.control:
             self.sock = sockets.make(zmq.DEALER, hwm=0,
@@ -226,14 +279,30 @@ class _Control:
             self.bus.set_peers(msg.topics, msg.services, msg.gone)
         elif isinstance(msg, Stop):
             log.info("%s: stop requested (%s)", self.launch.incarnation, msg.reason)
-            self.bus.stopping.set()
+            self.node.stopping.set()
+        elif isinstance(msg, ControlRequest):
+            asyncio.ensure_future(self._command(msg))
+
+    async def _command(self, req: ControlRequest) -> None:
+        args = dict(req.args)
+        result = {"id": args.pop("id", None)}
+        handler = self.node.commands.get(req.command)
+        try:
+            if handler is None:
+                result["code"] = "unknown_command"
+                raise LookupError(f"no command {req.command!r}")
+            result.update(await handler(**args) or {})
+            self.send(ControlReply(True, result, ""))
+        except Exception as exc:  # noqa: BLE001 - the supervisor is owed a reply
+            result.setdefault("code", "internal")
+            self.send(ControlReply(False, result, f"{self.launch.instance}: {_describe(exc)}"))
 
     async def heartbeats(self) -> None:
         if self.sock is None:
             await asyncio.Event().wait()
         while True:
             self.send(Heartbeat(self.launch.incarnation, self.bus.stats(),
-                                _plain(self.bus.status)))
+                                _plain(self.node.status)))
             await asyncio.sleep(self.launch.heartbeat_s)  # a period, not a synchronization
 
 

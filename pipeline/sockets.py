@@ -10,6 +10,8 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import shutil
+import stat
 import tempfile
 
 import zmq
@@ -84,12 +86,50 @@ class SocketFactory:
         return len(self._sockets)
 
 
-def socket_dir(key: str) -> str:
-    """A short directory for ``ipc://`` files: unix socket paths are limited to ~107 bytes,
-    and run directories are often longer than that."""
-    path = os.path.join(tempfile.gettempdir(), f"conduit-{key}")
-    os.makedirs(path, exist_ok=True)
+SOCKET_DIR_PREFIX = "conduit-"
+
+
+def private_socket_dir() -> str:
+    """A fresh directory for a run's ``ipc://`` files, readable by its owner only.
+
+    Short (unix socket paths are limited to ~107 bytes, run directories are often longer),
+    created with a random name and mode 0700 by ``mkdtemp`` (which never takes a name that
+    exists: a directory someone else made in advance is never used), and checked after
+    creation. The caller removes it (:func:`remove_socket_dir`); if it does not get to (a
+    SIGKILL), the next run on the same run directory does."""
+    path = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)
+    check_private_dir(path)
     return path
+
+
+def check_private_dir(path: str) -> None:
+    """Raise PermissionError unless ``path`` is a real directory of ours that nobody else can
+    enter (not a symlink, our uid, no group or other permission bits)."""
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or \
+            stat.S_IMODE(info.st_mode) & 0o077:
+        raise PermissionError(f"socket directory {path} is not a private directory of this "
+                              f"user (mode {stat.S_IMODE(info.st_mode):o}, uid {info.st_uid})")
+
+
+def remove_socket_dir(path: str) -> None:
+    """Remove a run's socket directory, only if it is one of ours."""
+    name = os.path.basename(path.rstrip("/"))
+    if not name.startswith(SOCKET_DIR_PREFIX):
+        return
+    try:
+        check_private_dir(path)
+    except OSError:
+        return
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def tap_endpoint(endpoint: str) -> str:
+    """Where a reliable topic's monitor tap binds, next to the topic's own endpoint: a sibling
+    file for ``ipc://``, another port the OS picks on the same host for ``tcp://``."""
+    if endpoint.startswith("tcp://"):
+        return endpoint.rsplit(":", 1)[0] + ":*"
+    return endpoint + ".tap"
 
 
 def bind(sock: zmq.Socket, endpoint: str) -> str:

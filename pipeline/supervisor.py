@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import os
@@ -29,7 +30,7 @@ import zmq
 
 from pipeline import codec, wiring
 from pipeline import config as configlib
-from pipeline.forkserver import ForkServer
+from pipeline.forkserver import PARENT_ENV, ForkServer
 from pipeline.graph import Graph, resolve_kind
 from pipeline.messages import (
     ControlReply,
@@ -45,11 +46,15 @@ from pipeline.messages import (
     Stop,
 )
 from pipeline.node import Launch
-from pipeline.sockets import SocketFactory, bind, send_now
+from pipeline.sockets import SocketFactory, bind, remove_socket_dir, send_now
 
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_NODE_FAILED = 0, 1
+STOP_CONDITION = "stop condition"  # a run.stop_when node finished
+# A run that failed is stopped with this much grace per wave at most: nothing it would drain
+# or checkpoint can make it succeed, and a crash loop should end promptly.
+FAILED_GRACE_S = 2.0
 
 
 class RunFailed(Exception):
@@ -77,8 +82,13 @@ class Watcher:
     """Keeps one replica (``<node>.<replica>``) running according to its restart policy."""
 
     def __init__(self, sup: Supervisor, node: str, replica: int, kind: str | None = None,
-                 config: dict | None = None, fresh: bool = False):
+                 config: dict | None = None, fresh: bool = False, trial: bool = False):
         self.sup, self.node, self.replica = sup, node, replica
+        # A trial (a swap's replacement, a replica added by scale) that fails before it was
+        # ever ready is refused: the command that started it answers with why, and the run
+        # goes on as it was. Once ready it is watched like any other replica.
+        self.trial = trial
+        self.trial_failure: str | None = None
         # A fresh interpreter per start instead of a fork of the supervisor's fork server:
         # a swapped-in node must run the code on disk now, not what the server imported.
         self.fresh = fresh
@@ -104,9 +114,15 @@ class Watcher:
         A node that fails while starting is restarted by its policy like any other failure;
         this returns once one incarnation said ready, and raises RunFailed if the watcher gave
         up (crash loop, policy ``never``) or nothing was ready within ``ready_timeout_s``."""
-        self._set_current(await self.sup.launch(self))
+        try:
+            self._set_current(await self.sup.launch(self))
+        except Exception as exc:  # noqa: BLE001 - e.g. the run directory, fork, exec
+            self.state = "failed"
+            self._set_done()
+            raise RunFailed(f"node {self.instance} could not start: {type(exc).__name__}: "
+                            f"{exc}") from None
         self.state = "starting"
-        self.task = asyncio.ensure_future(self._watch(self.current))
+        self.task = self.sup.guarded(self._watch(self.current), f"the watcher of {self.instance}")
         ready = asyncio.ensure_future(self.became_ready.wait())
         gave_up = asyncio.ensure_future(self.done.wait())
         try:
@@ -118,7 +134,8 @@ class Watcher:
         if self.became_ready.is_set() or self.state == "finished":
             return self.current
         if self.done.is_set():
-            raise RunFailed(self.sup.failure or f"node {self.instance} could not start; see "
+            raise RunFailed(self.trial_failure or self.sup.failure or
+                            f"node {self.instance} could not start; see "
                             f"{self.sup.log_path(self)}")
         raise RunFailed(f"node {self.instance} was not ready after "
                         f"{self.sup.graph.run.ready_timeout_s:.0f}s; see "
@@ -142,6 +159,13 @@ class Watcher:
             if not failed:
                 self.state = "finished"
                 break
+            if self.trial and not self.became_ready.is_set():
+                self.state = "failed"
+                self.trial_failure = (
+                    f"node {self.instance} exited with code {inc.returncode} before it was "
+                    f"ready{': ' + inc.failure if inc.failure else ''}; see "
+                    f"{self.sup.log_path(self)}")
+                break
             if policy.policy == "never":
                 self.state = "failed"
                 self.sup.fail(f"node {self.instance} exited with code {inc.returncode}"
@@ -163,7 +187,13 @@ class Watcher:
             if self.stopping or self.sup.stopping:
                 break
             self.restarts += 1
-            inc = await self.sup.launch(self)
+            try:
+                inc = await self.sup.launch(self)
+            except Exception as exc:  # noqa: BLE001 - a restart that cannot start is reported
+                self.state = "failed"
+                self.sup.fail(f"node {self.instance} could not be restarted: "
+                              f"{type(exc).__name__}: {exc}; see {self.sup.log_path(self)}")
+                break
             self._set_current(inc)
             self.state = "starting"
             self.sup.publish_event(self, "restarted", f"attempt {self.restarts}")
@@ -194,8 +224,12 @@ class Supervisor:
     """Runs a graph as processes. Use :meth:`run` (returns an exit code)."""
 
     def __init__(self, graph: Graph, run_dir: str, resume: str | None = None,
-                 forkserver: ForkServer | None = None):
+                 forkserver: ForkServer | None = None, checked: dict | None = None,
+                 secret: str | None = None):
         self.graph, self.run_dir, self.resume = graph, run_dir, resume
+        # Control requests from clients must carry it (``run.py`` reads RUN_DIR/secret);
+        # None: not checked (tests that drive a Supervisor directly).
+        self.secret = secret
         self.forkserver = forkserver  # see pipeline.forkserver; None: fresh interpreters
         self.sock_dir = wiring.run_socket_dir(run_dir)
         self.sockets = SocketFactory()
@@ -205,16 +239,26 @@ class Supervisor:
         self.gone: list[str] = []
         self.stopping = False
         self.failure: str | None = None
+        # Why the run ends: STOP_CONDITION, "stop requested", "signal ...", "failure",
+        # "duration". Only the stop condition or a stop asked for is a success.
+        self.ended_by: str | None = None
         self.stop_event = asyncio.Event()
         self._started = asyncio.Event()  # every node was started (or the run stopped first)
+        self._watchers_made = asyncio.Event()  # every node of the graph has its watchers
+        self._request_ids = 0
+        self._node_requests: dict[int, asyncio.Future] = {}  # commands sent to nodes
         self.started_at = time.monotonic()
         os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
         os.makedirs(os.path.join(run_dir, "launch"), exist_ok=True)
+        self._events_failed = False
+        self._checking = asyncio.Lock()
+        self._checked: dict[str, str | None] = dict(checked or {})  # checkpoint -> problem
         self._events_file = open(os.path.join(run_dir, "events.jsonl"), "a")  # noqa: SIM115
 
     # --- endpoints --------------------------------------------------------------------------
 
     def _bind(self) -> None:
+        _remove_stale_socket_dir(os.path.join(self.run_dir, "endpoints.json"))
         transport = self.graph.run.transport
         ctl = ("tcp://127.0.0.1:*" if transport == "tcp" else f"ipc://{self.sock_dir}/control")
         ev = ("tcp://127.0.0.1:*" if transport == "tcp" else f"ipc://{self.sock_dir}/events")
@@ -228,6 +272,11 @@ class Supervisor:
         # Scripts and tests read this line to know they can send commands: no polling needed.
         print(f"control: {self.control_endpoint}", file=sys.stderr, flush=True)
 
+    @staticmethod
+    def _skipped_checkpoint(line: str) -> None:
+        log.error("%s", line)
+        print(f"\nwarning: {line}", file=sys.stderr, flush=True)
+
     def log_path(self, watcher: Watcher) -> str:
         return os.path.join(self.run_dir, "logs", f"{watcher.instance}.log")
 
@@ -235,8 +284,12 @@ class Supervisor:
 
     async def launch(self, watcher: Watcher) -> Incarnation:
         self.generation += 1
-        # A restarted node resumes from the newest complete checkpoint of this run, if any.
-        resume = wiring.latest_checkpoint(self.run_dir) or self.resume
+        # A restarted node resumes from the newest intact checkpoint of this run, if any
+        # (hashing a large one takes a while: in a thread, one at a time, each verdict cached).
+        async with self._checking:
+            resume = await asyncio.to_thread(wiring.latest_checkpoint, self.run_dir,
+                                             self._skipped_checkpoint, self._checked)
+        resume = resume or self.resume
         launch = wiring.make_launch(self.graph, watcher.node, watcher.replica, self.generation,
                                     self.run_dir, self.sock_dir, self.control_endpoint,
                                     kind=watcher.kind, config=watcher.config, resume=resume)
@@ -246,7 +299,7 @@ class Supervisor:
         self.incarnations[launch.incarnation] = inc
         inc.process = await self._start_process(path, self.log_path(watcher), watcher.fresh)
         self.publish_event(watcher, "started", f"pid {inc.process.pid}")
-        asyncio.ensure_future(self._reap(watcher, inc))
+        self.guarded(self._reap(watcher, inc), f"reaping {launch.incarnation}")
         return inc
 
     async def _start_process(self, launch_path: str, log_path: str, fresh: bool):
@@ -258,6 +311,7 @@ class Supervisor:
             return await asyncio.create_subprocess_exec(
                 sys.executable, os.path.abspath(_run_py()), "node", launch_path, log_path,
                 stdout=log_file, stderr=log_file, stdin=asyncio.subprocess.DEVNULL,
+                env={**os.environ, PARENT_ENV: str(os.getpid())},
                 start_new_session=True)  # our SIGINT is ours to forward, not the terminal's
         finally:
             log_file.close()
@@ -277,11 +331,13 @@ class Supervisor:
         self._send(inc.launch.incarnation, Stop(reason))
         with contextlib.suppress(ProcessLookupError):
             inc.process.send_signal(signal.SIGTERM)
+        grace = self.graph.run.grace_s
+        if self.ended_by == "failure":
+            grace = min(grace, FAILED_GRACE_S)
         try:
-            await asyncio.wait_for(inc.exited.wait(), self.graph.run.grace_s)
+            await asyncio.wait_for(inc.exited.wait(), grace)
         except TimeoutError:
-            log.warning("%s did not stop within %.0fs: SIGKILL", inc.launch.incarnation,
-                        self.graph.run.grace_s)
+            log.warning("%s did not stop within %.0fs: SIGKILL", inc.launch.incarnation, grace)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(inc.process.pid, signal.SIGKILL)
             await inc.exited.wait()
@@ -310,7 +366,8 @@ class Supervisor:
 
     async def _serve_control(self) -> None:
         handlers = {Hello: self._on_hello, Ready: self._on_ready, Heartbeat: self._on_heartbeat,
-                    Failure: self._on_failure, Finished: self._on_finished}
+                    Failure: self._on_failure, Finished: self._on_finished,
+                    ControlReply: self._on_node_reply}
         while True:
             frames = await self.control.recv_multipart(copy=False)
             identity = frames[0].bytes
@@ -325,7 +382,11 @@ class Supervisor:
             inc = self.incarnations.get(identity.decode(errors="replace"))
             handler = handlers.get(type(msg))
             if inc is not None and handler is not None:
-                handler(inc, msg)
+                try:
+                    handler(inc, msg)
+                except Exception:  # noqa: BLE001 - one bad message must not deafen the run
+                    log.exception("control message %s from %s", type(msg).__name__,
+                                  inc.launch.incarnation)
 
     def _on_hello(self, inc: Incarnation, msg: Hello) -> None:
         inc.endpoints = msg.endpoints
@@ -341,7 +402,23 @@ class Supervisor:
 
     def _on_heartbeat(self, inc: Incarnation, msg: Heartbeat) -> None:
         inc.last_heartbeat = time.monotonic()
+        previous = (inc.heartbeat.get("status") or {}).get("warning")
         inc.heartbeat = {"topics": msg.topics, "status": msg.extra}
+        warning = msg.extra.get("warning") if isinstance(msg.extra, dict) else None
+        if warning != previous:
+            self._report_warning(inc, warning, previous)
+
+    def _report_warning(self, inc: Incarnation, warning, previous) -> None:
+        """A node's status ``warning`` (e.g. the checkpointer cannot write) is shown on the
+        terminal when it appears and when it clears, and published as an event: a node that
+        works on in a degraded way must not do so silently."""
+        line = (f"{inc.launch.instance}: {warning}" if warning else
+                f"{inc.launch.instance}: recovered ({previous})")
+        log.warning("%s", line)
+        print(f"\nwarning: {line}", file=sys.stderr, flush=True)
+        watcher = next((w for w in self.watchers[inc.launch.node] if w.current is inc), None)
+        if watcher is not None:
+            self.publish_event(watcher, "warning" if warning else "recovered", str(warning or ""))
 
     def _on_failure(self, inc: Incarnation, msg: Failure) -> None:
         inc.failure = msg.error
@@ -355,16 +432,81 @@ class Supervisor:
         self._send(inc.launch.incarnation, Recorded(inc.launch.incarnation))
 
     async def _on_request(self, identity: bytes, req: ControlRequest) -> None:
-        handler = getattr(self, f"cmd_{req.command}", None)
-        if handler is None:
-            reply = ControlReply(False, {}, f"unknown command {req.command!r}")
+        args = dict(req.args)
+        given = args.pop("_secret", None)
+        if self.secret is not None and not (
+                isinstance(given, str) and hmac.compare_digest(given, self.secret)):
+            reply = _error("unauthorized", "the request does not carry this run's secret "
+                                           "(run.py reads it from RUN_DIR/secret)")
         else:
-            try:
-                reply = ControlReply(True, await handler(**req.args) or {}, "")
-            except (ValueError, KeyError, RunFailed, TypeError) as exc:
-                reply = ControlReply(False, {}, str(exc).strip("'\""))
+            reply = await self.answer(req.command, args)
         with contextlib.suppress(zmq.ZMQError):
             send_now(self.control, [identity, *codec.encode(reply, "supervisor")])
+
+    async def answer(self, command: str, args: dict) -> ControlReply:
+        """Run one control command and always return a reply, errors as data.
+
+        ``args["_timeout_s"]`` is how long the client waits: the reply comes before that, with
+        code ``timeout`` if the command is still going on (it is not cancelled half-way, e.g. a
+        swap whose replacement is starting; ``status`` shows how it ends)."""
+        budget = args.pop("_timeout_s", None)
+        handler = getattr(self, f"cmd_{command}", None)
+        if handler is None:
+            return _error("unknown_command", f"unknown command {command!r} (commands: "
+                                             f"{', '.join(sorted(control_commands()))})")
+        try:
+            work = asyncio.ensure_future(handler(**args))
+        except TypeError as exc:  # arguments the command does not take
+            return _error("bad_request", f"{command}: {exc}")
+        work.add_done_callback(_retrieve)
+        if budget is not None:
+            # Leave the reply time to travel before the client gives up.
+            await asyncio.wait({work}, timeout=max(0.1, 0.9 * float(budget) - 0.2))
+        else:
+            await asyncio.wait({work})
+        if not work.done():
+            return _error("timeout", f"{command} did not finish within {budget:.0f}s; it goes "
+                                     "on in the supervisor (see status)")
+        try:
+            return ControlReply(True, work.result() or {}, "")
+        except RunFailed as exc:
+            return _error("run_failed", str(exc))
+        except TimeoutError as exc:
+            return _error("timeout", f"{command}: {exc or 'timed out'}")
+        except (ValueError, KeyError, TypeError) as exc:
+            return _error("bad_request", str(exc).strip("'\""))
+        except Exception as exc:  # noqa: BLE001 - a reply is owed whatever went wrong
+            log.error("control command %s failed", command, exc_info=exc)
+            return _error("internal", f"{command} failed: {type(exc).__name__}: {exc}")
+
+    async def ask_nodes(self, command: str, timeout: float) -> dict[str, ControlReply]:
+        """Send ``command`` to every running incarnation; return each one's reply.
+
+        Nodes answer through their control channel (a node kind registers the commands it
+        takes in its context's ``commands``); one that does not answer within ``timeout`` is
+        left out."""
+        targets = [inc for inc in list(self.incarnations.values())
+                   if inc.ready.is_set() and not inc.exited.is_set()]
+        futures = {}
+        loop = asyncio.get_running_loop()
+        for inc in targets:
+            self._request_ids += 1
+            futures[inc.launch.instance] = self._node_requests[self._request_ids] = \
+                loop.create_future()
+            self._send(inc.launch.incarnation,
+                       ControlRequest(command, {"id": self._request_ids}))
+        try:
+            if futures:
+                await asyncio.wait(futures.values(), timeout=timeout)
+        finally:
+            for key in [k for k, f in self._node_requests.items() if f in futures.values()]:
+                self._node_requests.pop(key)
+        return {name: f.result() for name, f in futures.items() if f.done()}
+
+    def _on_node_reply(self, inc: Incarnation, msg: ControlReply) -> None:
+        future = self._node_requests.get(msg.result.get("id"))
+        if future is not None and not future.done():
+            future.set_result(msg)
 
     # --- commands (run.py status|stop|restart|swap|scale) ------------------------------------
 
@@ -405,28 +547,55 @@ class Supervisor:
             self._watchers_of(name)
 
         async def all_ready():
-            # Every node started first (a node's watcher exists only once it was started),
-            # then every current incarnation of the nodes asked about (swaps, restarts).
-            await self._started.wait()
+            # A node's watchers exist once the run began starting it; then every current
+            # incarnation of the nodes asked about must say ready (swaps, restarts).
+            await self._watchers_made.wait()
             while True:
                 watchers = [w for n in names for w in self.watchers[n]]
-                if not watchers or any(w.current is None for w in watchers):
+                if not watchers:
                     raise RunFailed(f"{', '.join(names)} did not start (see status)")
-                # An incarnation that exited while its watcher goes on (a crash, a restart
-                # under way) is not ready: wait for the next one.
-                pending = [w.relaunched.wait() if w.current.exited.is_set() and
-                           not w.done.is_set() else w.current.ready.wait()
-                           for w in watchers if not w.current.ready.is_set() or
-                           (w.current.exited.is_set() and not w.done.is_set())]
-                if not pending:
+                waits = []
+                for w in watchers:
+                    inc = w.current
+                    # An incarnation that exited while its watcher goes on (a crash, a restart
+                    # under way) is not ready: wait for the next one.
+                    if inc is not None and inc.ready.is_set() and \
+                            (not inc.exited.is_set() or w.done.is_set()):
+                        continue
+                    if w.done.is_set():
+                        raise RunFailed(f"{w.instance} stopped before it was ready "
+                                        f"(state {w.state}); see {self.log_path(w)}")
+                    waits += [w.relaunched.wait(), w.done.wait()]
+                    if inc is not None:
+                        waits += [inc.ready.wait(), inc.exited.wait()]
+                if not waits:
                     return
-                await asyncio.gather(*pending)
+                tasks = [asyncio.ensure_future(c) for c in waits]
+                try:
+                    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for t in tasks:
+                        t.cancel()
 
         await asyncio.wait_for(all_ready(), timeout)
         return {"ready": names}
 
+    async def cmd_checkpoint(self, timeout: float = 600.0) -> dict:
+        """Ask the nodes that write checkpoints (those that take the ``checkpoint`` command) for
+        one now; answer with the path of what each wrote."""
+        replies = await self.ask_nodes("checkpoint", timeout)
+        done = {name: r.result.get("path") for name, r in replies.items() if r.ok}
+        errors = [f"{name}: {r.reason}" for name, r in replies.items()
+                  if not r.ok and r.result.get("code") != "unknown_command"]
+        if errors:
+            raise RunFailed("checkpoint failed: " + "; ".join(errors))
+        if not done:
+            raise ValueError("no running node writes checkpoints (the graph has no "
+                             "checkpointer, or it is not running)")
+        return {"paths": done, "path": next(iter(done.values()))}
+
     async def cmd_stop(self) -> dict:
-        self.stop_event.set()
+        self.end("stop requested")
         return {"stopping": True}
 
     async def cmd_restart(self, node: str) -> dict:
@@ -461,9 +630,16 @@ class Supervisor:
         if not isinstance(replicas, int) or replicas < 1:
             raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
         while len(watchers) < replicas:
-            w = Watcher(self, node, len(watchers), watchers[0].kind, watchers[0].config)
+            w = Watcher(self, node, len(watchers), watchers[0].kind, watchers[0].config,
+                        trial=True)
             watchers.append(w)
-            await w.start()
+            try:
+                await w.start()
+            except RunFailed as exc:
+                watchers.remove(w)
+                await w.stop("could not start")
+                raise RunFailed(f"scale of {node} stopped at {len(watchers)} replicas: "
+                                f"{exc}") from None
         while len(watchers) > replicas:
             w = watchers.pop()
             await w.stop("scaled down")
@@ -475,8 +651,15 @@ class Supervisor:
         return self.watchers[node]
 
     async def _replace(self, old: Watcher, kind, config, event: str) -> None:
-        replacement = Watcher(self, old.node, old.replica, kind, config, fresh=True)
-        await replacement.start()  # ready before the old one is asked to stop
+        replacement = Watcher(self, old.node, old.replica, kind, config, fresh=True,
+                              trial=True)
+        try:
+            await replacement.start()  # ready before the old one is asked to stop
+        except RunFailed as exc:
+            await replacement.stop("could not start")
+            verb = {"swapped": "swap", "restarted": "restart"}.get(event, event)
+            raise RunFailed(f"{verb} of {old.instance} refused, it keeps running: "
+                            f"{exc}") from None
         watchers = self.watchers[old.node]
         watchers[watchers.index(old)] = replacement
         replacement.restarts = old.restarts
@@ -490,14 +673,43 @@ class Supervisor:
         msg = Lifecycle(watcher.node, inc, event, detail)
         topic = f"supervisor.{watcher.node}.{event}"
         record = {"t": time.time(), "topic": topic, "instance": inc, "detail": detail}
-        self._events_file.write(json.dumps(record) + "\n")
-        self._events_file.flush()
+        try:
+            self._events_file.write(json.dumps(record) + "\n")
+            self._events_file.flush()
+        except (OSError, ValueError) as exc:  # a full or read-only disk: say so once
+            if not self._events_failed:
+                self._events_failed = True
+                print(f"\nwarning: cannot append to events.jsonl: {exc}", file=sys.stderr,
+                      flush=True)
         with contextlib.suppress(zmq.ZMQError):
             send_now(self.events, [topic.encode(), *codec.encode(msg, "supervisor")])
 
+    def guarded(self, coro, what: str) -> asyncio.Task:
+        """A task of the supervisor's own: if it dies of an exception, the run fails with one
+        line saying so (and the teardown leaves no process) instead of going on deaf."""
+
+        def check(task: asyncio.Task) -> None:
+            if task.cancelled() or task.exception() is None:
+                return
+            exc = task.exception()
+            log.error("%s failed", what, exc_info=exc)
+            self.fail(f"supervisor error in {what}: {type(exc).__name__}: {exc} (traceback in "
+                      f"{os.path.join(self.run_dir, 'supervisor.log')})")
+
+        task = asyncio.ensure_future(coro)
+        task.add_done_callback(check)
+        return task
+
     def fail(self, reason: str) -> None:
+        """The run cannot succeed any more: stop it; it exits 1 with ``reason``."""
         if self.failure is None:
             self.failure = reason
+        self.end("failure")
+
+    def end(self, why: str) -> None:
+        """Stop the run; the first reason given is the one that counts."""
+        if self.ended_by is None:
+            self.ended_by = why
         self.stop_event.set()
 
     # --- the run --------------------------------------------------------------------------------
@@ -524,7 +736,7 @@ class Supervisor:
         while not self.stopping:
             watchers = [w for n in stop_when for w in self.watchers[n]]
             if any(w.state == "finished" for w in watchers):
-                self.stop_event.set()
+                self.end(STOP_CONDITION)
                 return
             if not watchers:
                 await self._started.wait()
@@ -538,41 +750,81 @@ class Supervisor:
         self._bind()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.stop_event.set)
-        helpers = [asyncio.ensure_future(c) for c in
-                   (self._serve_control(), self._heartbeat_watchdog(), self._watch_completion())]
+            loop.add_signal_handler(sig, self.end, f"signal {sig.name}")
+        helpers = [self.guarded(self._serve_control(), "the control endpoint"),
+                   self.guarded(self._heartbeat_watchdog(), "the heartbeat watchdog"),
+                   self.guarded(self._watch_completion(), "the stop condition")]
         if progress is not None:
-            helpers.append(asyncio.ensure_future(progress(self)))
+            helpers.append(self.guarded(progress(self), "the progress line"))
         try:
             try:
                 await self._start_all()
             except RunFailed as exc:
                 self.fail(str(exc))
             finally:
+                self._watchers_made.set()
                 self._started.set()
             duration = self.graph.run.duration_s
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(self.stop_event.wait(), duration)
+            except TimeoutError:
+                self.end("duration")
+            if self.ended_by == "duration" and self.graph.run.stop_when:
+                self.failure = (f"the run reached duration_s={duration:g} before its stop "
+                                f"condition ({' or '.join(self.graph.run.stop_when)} finished)")
         finally:
             self.stopping = True
-            await self._stop_all()
-            # What every node reported last (final summaries and bus counters), for users
-            # and tests to read after the run.
-            summary = await self.cmd_status()
-            summary["failure"] = self.failure
-            _write_json(os.path.join(self.run_dir, "summary.json"), summary)
-            for helper in helpers:
-                helper.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
-            self.sockets.close_all()
-            if self.forkserver is not None:
-                await self.forkserver.close()
-            self._events_file.close()
+            await self._cleanup(helpers)
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
         if self.failure:
             return EXIT_NODE_FAILED
         return EXIT_OK
+
+    async def _cleanup(self, helpers: list) -> None:
+        """LIFO-style teardown where every step runs even if one before it failed, each error
+        is reported, and whatever happened no node process is left: the last step kills what
+        is still running."""
+
+        async def stop_helpers():
+            for helper in helpers:
+                helper.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+
+        async def close_forkserver():
+            if self.forkserver is not None:
+                await self.forkserver.close()
+
+        steps = [("stop the nodes", self._stop_all),
+                 ("write summary.json", self._write_summary),
+                 ("stop its helpers", stop_helpers),
+                 ("close its sockets", _as_async(self.sockets.close_all)),
+                 ("close the fork server", close_forkserver),
+                 ("close events.jsonl", _as_async(self._events_file.close)),
+                 ("remove its socket directory", _as_async(
+                     lambda: remove_socket_dir(self.sock_dir)))]
+        for what, step in steps:
+            try:
+                await step()
+            except Exception as exc:  # noqa: BLE001 - report it, go on cleaning up
+                log.error("could not %s", what, exc_info=exc)
+                print(f"warning: the supervisor could not {what}: {type(exc).__name__}: {exc}",
+                      file=sys.stderr, flush=True)
+        self._kill_leftovers()
+
+    def _kill_leftovers(self) -> None:
+        for inc in list(self.incarnations.values()):
+            if inc.process is not None and inc.process.returncode is None:
+                log.error("%s still running at exit: SIGKILL", inc.launch.incarnation)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(inc.process.pid, signal.SIGKILL)
+
+    async def _write_summary(self) -> None:
+        # What every node reported last (final summaries and bus counters), for users and
+        # tests to read after the run.
+        summary = await self.cmd_status()
+        summary["failure"] = self.failure
+        _write_json(os.path.join(self.run_dir, "summary.json"), summary)
 
     async def _start_all(self) -> None:
         starts = []
@@ -581,6 +833,7 @@ class Supervisor:
                 w = Watcher(self, name, r)
                 self.watchers[name].append(w)
                 starts.append(w.start())
+        self._watchers_made.set()
         # A stop (SIGINT, an end condition) while nodes are still starting ends the wait.
         everything = asyncio.ensure_future(asyncio.gather(*starts))
         stop = asyncio.ensure_future(self.stop_event.wait())
@@ -598,6 +851,44 @@ class Supervisor:
         # Anything left (e.g. a replacement that was still starting) is killed outright.
         for inc in list(self.incarnations.values()):
             await self.stop_incarnation(inc, "run ending")
+
+
+def control_commands() -> set[str]:
+    """Every command a client may send: one ``cmd_<name>`` method each."""
+    return {name[4:] for name in dir(Supervisor) if name.startswith("cmd_")}
+
+
+def _error(code: str, reason: str) -> ControlReply:
+    """A failed command, as data: a one-line ``reason`` and a ``code`` a client can act on
+    (``unknown_command``, ``bad_request``, ``unauthorized``, ``timeout``, ``run_failed``,
+    ``internal``)."""
+    return ControlReply(False, {"code": code}, reason.splitlines()[0] if reason else code)
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    """A command that outlived its reply may still fail: take its exception so asyncio does
+    not report it as never retrieved (the reply already said it timed out)."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _remove_stale_socket_dir(endpoints_json: str) -> None:
+    """The socket directory of an earlier run on this run directory that could not remove it
+    (killed with SIGKILL). Safe: we hold the run directory's lock, so that run is over."""
+    try:
+        with open(endpoints_json) as f:
+            control = json.load(f).get("control", "")
+    except (OSError, ValueError, AttributeError):
+        return
+    if isinstance(control, str) and control.startswith("ipc://"):
+        remove_socket_dir(os.path.dirname(control[len("ipc://"):]))
+
+
+def _as_async(fn):
+    async def call():
+        fn()
+
+    return call
 
 
 def _write_json(path: str, data: dict) -> None:

@@ -7,18 +7,23 @@ their :class:`~pipeline.node.Launch` objects here.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
+import json
 import os
 
 from pipeline.graph import Graph
 from pipeline.node import Launch
-from pipeline.sockets import socket_dir
+from pipeline.sockets import private_socket_dir, remove_socket_dir
 
 
 def run_socket_dir(run_dir: str) -> str:
-    """Short per-run directory for ipc sockets (unix socket paths are length-limited)."""
-    key = hashlib.sha1(os.path.abspath(run_dir).encode()).hexdigest()[:10]
-    return socket_dir(key)
+    """A fresh private directory for one run's ipc sockets (see
+    :func:`pipeline.sockets.private_socket_dir`); removed when this process exits, or earlier
+    by whoever calls :func:`pipeline.sockets.remove_socket_dir`."""
+    path = private_socket_dir()
+    atexit.register(remove_socket_dir, path)
+    return path
 
 
 def endpoint(graph: Graph, sock_dir: str, incarnation: str, name: str) -> str:
@@ -42,7 +47,8 @@ def make_launch(graph: Graph, node_name: str, replica: int, generation: int, run
         replica=replica,
         kind=kind or node.kind,
         config=dict(node.config if config is None else config),
-        topics={t.name: {"delivery": t.delivery, "hwm": t.hwm} for t in graph.topics.values()},
+        topics={t.name: {"delivery": t.delivery, "hwm": t.hwm, "hwm_bytes": t.hwm_bytes}
+                for t in graph.topics.values()},
         bind=bind,
         consumer_groups={t: graph.consumer_groups(t) for t in node.publishes},
         run_dir=run_dir,
@@ -53,6 +59,7 @@ def make_launch(graph: Graph, node_name: str, replica: int, generation: int, run
         grace_s=graph.run.grace_s,
         resume=resume,
         subscribes=list(node.subscribes),
+        calls=list(node.calls),
     )
 
 
@@ -67,15 +74,57 @@ def peers(graph: Graph, launches: list[Launch]) -> dict:
     return {"topics": topics, "services": services}
 
 
-def latest_checkpoint(run_dir: str) -> str | None:
-    """Newest checkpoint directory of a run that was completely written.
+MARKER = "COMPLETE"  # written last into a checkpoint: what it holds and each file's hash
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_checkpoint(path: str) -> str | None:
+    """What is wrong with a checkpoint directory (one phrase), or None if it is complete: its
+    marker is readable and every file it lists has the content hash written with it.
+    (Checkpoints written before hashes were recorded list none and are trusted.)"""
+    try:
+        with open(os.path.join(path, MARKER)) as f:
+            marker = json.load(f)
+        files = dict(marker.get("files", {}))
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        return f"its {MARKER} marker is unreadable ({type(exc).__name__})"
+    for name, expected in sorted(files.items()):
+        try:
+            if file_sha256(os.path.join(path, name)) != expected:
+                return f"{name} does not match its content hash"
+        except OSError as exc:
+            return f"{name} cannot be read ({exc.strerror or exc})"
+    return None
+
+
+def latest_checkpoint(run_dir: str, report=None, checked: dict | None = None) -> str | None:
+    """Newest checkpoint directory of a run that was completely written and is intact.
 
     A checkpoint directory is renamed into ``checkpoints/`` only after all its files were
-    written and synced, and carries a ``COMPLETE`` marker; anything else is ignored.
+    written and synced, and carries a ``COMPLETE`` marker with each file's content hash;
+    hidden partial directories are ignored. One whose files no longer match (truncated,
+    overwritten) is skipped, ``report`` is called with one line naming it, and the previous
+    one is used. ``checked`` caches verdicts by path (a written checkpoint never changes).
     """
     root = os.path.join(run_dir, "checkpoints")
     if not os.path.isdir(root):
         return None
     done = sorted(d for d in os.listdir(root)
-                  if not d.startswith(".") and os.path.exists(os.path.join(root, d, "COMPLETE")))
-    return os.path.join(root, done[-1]) if done else None
+                  if not d.startswith(".") and os.path.exists(os.path.join(root, d, MARKER)))
+    checked = {} if checked is None else checked
+    for name in reversed(done):
+        path = os.path.join(root, name)
+        if path not in checked:
+            checked[path] = check_checkpoint(path)
+            if checked[path] is not None and report is not None:
+                report(f"skipping checkpoint {path}: {checked[path]}; using an older one")
+        if checked[path] is None:
+            return path
+    return None

@@ -7,8 +7,10 @@ segment trees live there), ``EpisodeIndex`` (episode bookkeeping), ``BufferContr
 Nothing here knows about ZeroMQ.
 """
 
-from storage.allocator import MemoryAllocator, MmapAllocator
+from storage.allocator import MemoryAllocator, MmapAllocator, StorageLocked
+from storage.backend import Backend, select_backend
 from storage.controls import (
+    BetaSchedule,
     BufferControl,
     MaxStaleness,
     MaxUse,
@@ -22,7 +24,7 @@ from storage.nest import StepType, TensorSpec
 from storage.nstep import NStepResult, nstep_returns
 from storage.replay_buffer import BatchInfo, ReplayBuffer, RingBuffer, SlotInfo
 from storage.ring import RingStorage, RingWriter
-from storage.sampler import PER, SlotSampler
+from storage.sampler import PER, NothingToSample, SlotSampler
 from storage.segment_tree import (
     MaxSegmentTree,
     MinSegmentTree,
@@ -30,8 +32,17 @@ from storage.segment_tree import (
     SumSegmentTree,
     available_backends,
 )
+from storage.sharding import (
+    ShardMass,
+    global_importance_weights,
+    shard_for_env,
+    shard_mass,
+    split_batch,
+)
 
 __all__ = [
+    "Backend",
+    "BetaSchedule",
     "BatchInfo",
     "BufferControl",
     "ERE",
@@ -44,6 +55,7 @@ __all__ = [
     "MinSegmentTree",
     "MmapAllocator",
     "NStepResult",
+    "NothingToSample",
     "PER",
     "ReplayBuffer",
     "RingBuffer",
@@ -51,12 +63,19 @@ __all__ = [
     "RingWriter",
     "SampleStatistics",
     "SegmentTree",
+    "ShardMass",
     "SlotInfo",
     "SlotSampler",
     "StepType",
+    "StorageLocked",
     "SumSegmentTree",
     "TensorSpec",
     "ThroughputMonitor",
     "available_backends",
+    "global_importance_weights",
     "nstep_returns",
+    "select_backend",
+    "shard_for_env",
+    "shard_mass",
+    "split_batch",
 ]

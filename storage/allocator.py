@@ -5,15 +5,47 @@ by one allocator, so choosing ``MmapAllocator(directory)`` puts all of it in fil
 restarted process that builds the same buffer on the same directory re-attaches to the
 arrays as they were, without a checkpoint. Writes reach the page cache at once; the
 kernel writes them back to disk (``flush()`` forces it, e.g. before a planned stop).
+
+One writer per directory: ``MmapAllocator`` holds an exclusive ``flock`` on
+``<directory>/lock`` while it lives (the kernel drops it when the process dies, kill -9
+included), and a second one on the same directory, in any process, is refused with
+``StorageLocked`` instead of two writers corrupting each other's rings.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import math
 import os
+import weakref
 
 import torch
+
+
+class StorageLocked(RuntimeError):
+    """Another live buffer owns this storage directory."""
+
+
+def _lock_directory(directory: str) -> int:
+    """An open descriptor holding an exclusive flock on ``<directory>/lock`` (with this
+    process's pid in it), or ``StorageLocked`` naming the directory and the holder."""
+    path = os.path.join(directory, "lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise StorageLocked(
+                f"replay storage {directory} is in use by another writer (pid {holder})"
+            ) from None
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
 
 
 class MemoryAllocator:
@@ -28,6 +60,9 @@ class MemoryAllocator:
         return torch.full(tuple(shape), fill, dtype=dtype, device=self.device)
 
     def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
         pass
 
 
@@ -45,6 +80,9 @@ class MmapAllocator:
         self.device = torch.device("cpu")
         self.directory = directory
         os.makedirs(directory, exist_ok=True)
+        self._lock_fd = _lock_directory(directory)
+        # Closing the descriptor releases the lock: at close(), or when this is collected.
+        self._release = weakref.finalize(self, os.close, self._lock_fd)
         self._layout_path = os.path.join(directory, "layout.json")
         self._layout = {}
         if os.path.exists(self._layout_path):
@@ -58,7 +96,8 @@ class MmapAllocator:
         entry = {"shape": list(shape), "dtype": str(dtype)}
         numel = math.prod(shape)
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        existed = os.path.exists(path) and os.path.getsize(path) == nbytes
+        fresh = not os.path.exists(path)
+        existed = not fresh and os.path.getsize(path) == nbytes
         if self._layout.get(name) not in (None, entry):
             raise ValueError(
                 f"{path} holds {self._layout[name]}, but the buffer asks for {entry}: "
@@ -67,7 +106,7 @@ class MmapAllocator:
         tensor = torch.from_file(path, shared=True, size=numel, dtype=dtype).reshape(shape)
         if existed:
             self.reattached.add(name)
-        else:
+        elif not (fresh and fill == 0):  # a new file is sparse and reads as zeros already
             tensor.fill_(fill)
         if self._layout.get(name) != entry:
             self._layout[name] = entry
@@ -76,6 +115,10 @@ class MmapAllocator:
                 json.dump(self._layout, f)
             os.replace(tmp, self._layout_path)
         return tensor
+
+    def close(self) -> None:
+        """Release the directory (the mapped tensors stay valid until dropped)."""
+        self._release()
 
     def flush(self) -> None:
         # Mapped pages are written back by the kernel; syncing the directory makes the

@@ -110,14 +110,23 @@ class SampleStatistics(BufferControl):
     """Use count and staleness of the data each sample drew (DI-engine's attr monitor).
 
     After every ``get_batch``, ``last`` holds the mean/max use count (counting this
-    draw) and, when a learner iteration was given, the mean/max staleness.
+    draw), the largest use count a drawn slot had before this draw (``use_before_max``:
+    below ``max_use`` when ``MaxUse`` works; a slot may be drawn more than once in one
+    draw when few are valid) and, when a learner iteration was given, the mean/max
+    staleness.
     """
 
     last: dict = field(default_factory=dict)
 
     def on_sample(self, buffer, slots, learner_iter) -> None:
         uses = buffer.slot_info.use_count[slots].to(torch.float64)
-        stats = {"use_mean": float(uses.mean()), "use_max": float(uses.max())}
+        distinct, drawn = torch.unique(slots, return_counts=True)
+        before = buffer.slot_info.use_count[distinct] - drawn
+        stats = {
+            "use_mean": float(uses.mean()),
+            "use_max": float(uses.max()),
+            "use_before_max": float(before.max()),
+        }
         if learner_iter is not None:
             stale = (learner_iter - buffer.slot_info.version[slots]).to(torch.float64)
             stats.update(staleness_mean=float(stale.mean()), staleness_max=float(stale.max()))
@@ -169,3 +178,41 @@ class ThroughputMonitor(BufferControl):
     def load_state_dict(self, state: dict) -> None:
         self._counts = dict(state["counts"])
         self.history = list(state["history"])
+
+
+class BetaSchedule(BufferControl):
+    """PER's importance-sampling exponent annealed linearly from ``beta_start`` to 1.0
+    over the first ``anneal_samples`` sampled items (Schaul et al.; pytorchrl's PER).
+
+    The beta of a draw follows the items drawn before it; the count is in
+    ``state_dict``, so a restored buffer goes on from the same beta. The buffer needs
+    ``PER(beta=beta_start)`` (the min tree the weights use).
+    """
+
+    def __init__(self, beta_start: float, anneal_samples: int):
+        if not 0.0 <= beta_start <= 1.0:
+            raise ValueError(f"beta_start must lie in [0, 1], got {beta_start}")
+        if anneal_samples < 0:
+            raise ValueError(f"anneal_samples must be >= 0, got {anneal_samples}")
+        self.beta_start = float(beta_start)
+        self.anneal_samples = int(anneal_samples)
+        self.sampled = 0
+
+    @property
+    def beta(self) -> float:
+        if self.anneal_samples == 0:
+            return self.beta_start
+        done = min(1.0, self.sampled / self.anneal_samples)
+        return self.beta_start + (1.0 - self.beta_start) * done
+
+    def before_sample(self, buffer, learner_iter) -> None:
+        buffer.sampler.set_beta(self.beta)
+
+    def on_sample(self, buffer, slots, learner_iter) -> None:
+        self.sampled += int(slots.numel())
+
+    def state_dict(self) -> dict:
+        return {"sampled": self.sampled}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampled = int(state["sampled"])

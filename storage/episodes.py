@@ -12,10 +12,12 @@ also gives the newest step the default).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from storage.allocator import MemoryAllocator
 from storage.nest import StepType
+from storage.ring import host_array
 
 
 class EpisodeIndex:
@@ -48,36 +50,68 @@ class EpisodeIndex:
             else None
         )
         self.device = self.begin.device
+        self._bind_arrays()
+
+    def _bind_arrays(self) -> None:
+        # The per-step bookkeeping is a dozen element-wise operations on a few indices: on a
+        # CPU they run on numpy views of the same tensors (torch's per-operation cost made it
+        # ~75 us per batch), elsewhere on torch. The rare parts (an episode's end, a return
+        # back-fill) stay torch.
+        on_cpu = self.device.type == "cpu"
+        self._xp = np if on_cpu else torch
+        view = (lambda t: t.numpy()) if on_cpu else (lambda t: t)
+        self._begin, self._end = view(self.begin), view(self.end)
+        self._open_begin, self._segment_begin = view(self.open_begin), view(self.segment_begin)
+        self._return = None if self.discounted_return is None else view(self.discounted_return)
+
+    def _arr(self, x):
+        if self._xp is np:
+            return np.asarray(host_array(x))
+        return torch.as_tensor(x, device=self.device)
+
+    def _tensor(self, a) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)) if self._xp is np else a
 
     def on_write(self, env_ids, pos, step_type, discount, reward) -> None:
-        """Book the steps just written at (env_ids, pos)."""
+        """Book the steps at (env_ids, pos): their data is written, the writer's cursors
+        may or may not include them yet. Arrays may be tensors or numpy arrays."""
+        xp, tensor = self._xp, self._tensor
+        env_ids, pos = self._arr(env_ids), self._arr(pos)
+        step_type = self._arr(step_type).reshape(-1)
         idx = pos % self.max_length
         first = step_type == int(StepType.FIRST)
         # Data that starts mid-episode (no FIRST seen) opens an episode at its first step.
-        no_open = self.open_begin[env_ids] < 0
-        begin = torch.where(first | no_open, pos, self.open_begin[env_ids])
-        self.begin[env_ids, idx] = begin
-        self.end[env_ids, idx] = -1
-        self.open_begin[env_ids] = begin
-        seg = torch.where(first | no_open, pos, self.segment_begin[env_ids])
-        self.segment_begin[env_ids] = seg
+        opened = self._open_begin[env_ids]
+        fresh = first | (opened < 0)
+        begin = xp.where(fresh, pos, opened)
+        self._begin[env_ids, idx] = begin
+        self._end[env_ids, idx] = -1
+        self._open_begin[env_ids] = begin
+        seg = xp.where(fresh, pos, self._segment_begin[env_ids])
+        self._segment_begin[env_ids] = seg
 
         last = step_type == int(StepType.LAST)
         if bool(last.any()):
-            e, p = env_ids[last], pos[last]
-            self._scatter_range(self.end, e, torch.maximum(begin[last], self._earliest(e)), p, p)
-            self.open_begin[e] = -1
+            e, p = tensor(env_ids[last]), tensor(pos[last])
+            lo = torch.maximum(tensor(begin[last]), self._earliest(e, p))
+            self._scatter_range(self.end, e, lo, p, p)
+            self._open_begin[env_ids[last]] = -1
 
-        if self.discounted_return is not None:
-            self.discounted_return[env_ids, idx] = self.default_return
+        if self._return is not None:
+            self._return[env_ids, idx] = self.default_return
+            discount = self._arr(discount)
             terminal = discount.reshape(discount.shape[0], -1)[:, 0] == 0
             if bool(terminal.any()):
-                e, p = env_ids[terminal], pos[terminal]
-                self._backfill_returns(e, torch.maximum(seg[terminal], self._earliest(e)), p)
-                self.segment_begin[e] = p + 1
+                e, p = tensor(env_ids[terminal]), tensor(pos[terminal])
+                self._backfill_returns(
+                    e, torch.maximum(tensor(seg[terminal]), self._earliest(e, p)), p
+                )
+                self._segment_begin[env_ids[terminal]] = pos[terminal] + 1
 
-    def _earliest(self, env_ids):
-        return self.writer.earliest(env_ids)
+    def _earliest(self, env_ids, pos):
+        """The earliest position stored once ``pos`` is: ``on_write`` runs before the
+        writer commits ``pos`` (so a kill never leaves a stored step unbooked)."""
+        return torch.maximum(self.writer.earliest(env_ids), pos + 1 - self.max_length)
 
     def _scatter_range(self, target, env_ids, lo, hi_inclusive, values):
         """``target[e, pos % L] = value`` for lo <= pos <= hi, per environment."""

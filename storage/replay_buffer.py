@@ -29,18 +29,12 @@ import numpy as np
 import torch
 
 from storage.allocator import MemoryAllocator, MmapAllocator
+from storage.backend import select_backend
 from storage.controls import BufferControl
 from storage.episodes import EpisodeIndex
 from storage.nest import get_field, has_field, leaves, map_structure
-from storage.ring import RingStorage, RingWriter, host_array
-from storage.sampler import PER, SlotSampler
-
-try:  # numba is a dependency; without it (a broken install) appends run on torch.
-    from storage import _ring_kernels
-except ImportError:  # pragma: no cover - exercised where numba is absent
-    _ring_kernels = None
-
-_FULL_RING = "blocking enqueue on a full ring: nothing dequeues concurrently"
+from storage.ring import RingStorage
+from storage.sampler import PER
 
 
 class BatchInfo(NamedTuple):
@@ -84,8 +78,12 @@ class RingBuffer:
         num_environments: number of rings.
         max_length: steps kept per environment.
         device: where every tensor lives.
+        allow_multiprocess: ALF's flag for a buffer shared by processes. Not supported:
+            ``True`` raises; a buffer that must outlive its process uses ``storage_dir``.
         storage_dir: if given, all arrays live in memory-mapped files there, and a
             buffer built again on the same directory re-attaches to them.
+        backend: ``"fused"`` (numba kernels) or ``"reference"`` (numpy/torch); the
+            default is fused wherever it can run (see ``storage.backend``).
     """
 
     def __init__(
@@ -97,9 +95,17 @@ class RingBuffer:
         allow_multiprocess: bool = False,
         name: str = "RingBuffer",
         storage_dir: str | None = None,
+        *,
+        backend: str | None = None,
+        tree_backend: str | None = None,
     ):
         if num_environments < 1 or max_length < 1:
             raise ValueError("num_environments and max_length must be positive")
+        if allow_multiprocess:
+            raise ValueError(
+                "allow_multiprocess=True is not supported: one process owns a buffer; use "
+                "storage_dir=... for one that outlives its process"
+            )
         self._name = name
         self._num_envs = int(num_environments)
         self._max_length = int(max_length)
@@ -110,20 +116,18 @@ class RingBuffer:
             MmapAllocator(storage_dir) if storage_dir else MemoryAllocator(self._device)
         )
         self.data_spec = data_spec
+        self.backend = select_backend(self._device, backend, tree_backend)
         self.storage = RingStorage(data_spec, self._num_envs, self._max_length, self._allocator)
-        self.writer = RingWriter(self._num_envs, self._max_length, self._allocator)
-        # On a CPU, appends run one compiled writer kernel on numpy views of the cursors.
-        self._host_cursors = (
-            (self.writer.current_pos.numpy(), self.writer.current_size.numpy())
-            if self._device.type == "cpu" and _ring_kernels is not None
-            else None
-        )
-        self._all_env_ids = np.arange(self._num_envs, dtype=np.int64)
+        self.writer = self.backend.writer(self._num_envs, self._max_length, self._allocator)
 
     # ------------------------------------------------------------------ basics
     @property
     def device(self) -> torch.device:
         return self._device
+
+    @property
+    def name(self) -> str:
+        return self._name
 
     @property
     def num_environments(self) -> int:
@@ -168,58 +172,21 @@ class RingBuffer:
     # ------------------------------------------------------------------ ring ops
     def enqueue(self, batch, env_ids=None, blocking: bool = False) -> torch.Tensor:
         """Write one step per environment; returns the positions written."""
-        return torch.as_tensor(self._append(batch, env_ids, blocking)[1])
-
-    def _append(self, batch, env_ids, blocking: bool):
-        """``enqueue``'s work: ``(env_ids, positions, slots, overwritten)``, the arrays as
-        numpy on a CPU (else tensors); ``overwritten`` counts slots that held a step."""
-        batch_size = _batch_size(batch)
-        if self._host_cursors is None:
-            env_ids = self._env_ids(env_ids, batch_size)
-            if env_ids.shape[0] != batch_size:
-                raise ValueError(f"{batch_size} steps for {env_ids.shape[0]} env_ids")
-            if torch.unique(env_ids).numel() != env_ids.numel():
-                raise ValueError("env_ids of one batch must be distinct")
-            full = self.writer.current_size[env_ids] >= self._max_length
-            if blocking and bool(full.any()):
-                raise RuntimeError(_FULL_RING)
-            pos = self.writer.advance(env_ids)
-            self.storage.write(env_ids, pos % self._max_length, batch)
-            return env_ids, pos, self.writer.slots(env_ids, pos), int(full.sum())
-        env_ids = self._host_env_ids(env_ids, batch_size)
-        pos = np.empty(env_ids.shape[0], dtype=np.int64)
-        slots = np.empty(env_ids.shape[0], dtype=np.int64)
-        overwritten = _ring_kernels.advance(
-            env_ids, *self._host_cursors, self._max_length, blocking, pos, slots
-        )
-        if overwritten == _ring_kernels.BAD_ENV:
-            raise ValueError(f"env_ids must lie in [0, {self._num_envs})")
-        if overwritten == _ring_kernels.DUPLICATE_ENV:
-            raise ValueError("env_ids of one batch must be distinct")
-        if overwritten == _ring_kernels.FULL:
-            raise RuntimeError(_FULL_RING)
-        self.storage.write_slots(slots, batch)
-        return env_ids, pos, slots, overwritten
-
-    def _host_env_ids(self, env_ids, batch_size: int) -> np.ndarray:
-        if env_ids is None:
-            if batch_size != self._num_envs:
-                raise ValueError(
-                    f"env_ids=None needs a batch of num_environments={self._num_envs}, "
-                    f"got {batch_size}"
-                )
-            return self._all_env_ids
-        env_ids = np.asarray(host_array(env_ids)).reshape(-1)
-        if env_ids.dtype != np.int64:
-            env_ids = env_ids.astype(np.int64)
-        if env_ids.shape[0] != batch_size:
-            raise ValueError(f"{batch_size} steps for {env_ids.shape[0]} env_ids")
-        return env_ids
+        claim = self.writer.claim(env_ids, _batch_size(batch), blocking)
+        self.storage.write_slots(claim.slots, batch)
+        self.writer.commit(claim)  # only now: a kill before this exposes nothing
+        return torch.as_tensor(claim.positions)
 
     def dequeue(self, env_ids=None, n: int = 1, blocking: bool = False):
-        """Remove and return the earliest ``n`` steps of each environment, ``[B, n, ...]``."""
+        """Remove and return the earliest ``n`` steps of each environment, ``[B, n, ...]``.
+
+        Nothing enqueues concurrently, so a ``blocking`` dequeue of missing steps would
+        wait forever: it raises ``RuntimeError`` (ALF's non-blocking one asserts; here
+        ``ValueError``)."""
         env_ids = self._env_ids(env_ids)
         if bool((self.writer.current_size[env_ids] < n).any()):
+            if blocking:
+                raise RuntimeError(f"blocking dequeue of {n} steps: nothing enqueues concurrently")
             raise ValueError(f"not every environment holds {n} steps to dequeue")
         start = self.writer.earliest(env_ids)
         idx = (start[:, None] + torch.arange(n, device=self._device)) % self._max_length
@@ -244,7 +211,10 @@ class RingBuffer:
         self.writer.current_size[env_ids] = 0
 
     def gather_all(self, ignore_earliest_frames: bool = False, convert_to_default_device=True):
-        """Every stored step, ``[num_environments, size, ...]``; sizes must be equal."""
+        """Every stored step, ``[num_environments, size, ...]``; sizes must be equal.
+
+        The buffer's device is the default device here, so ``convert_to_default_device``
+        has nothing to convert either way."""
         sizes = self.writer.current_size
         size = int(sizes.min())
         if size != int(sizes.max()):
@@ -276,6 +246,11 @@ class RingBuffer:
         """Push memory-mapped pages to disk (no-op in memory)."""
         self._allocator.flush()
 
+    def close(self) -> None:
+        """Release a memory-mapped ``storage_dir`` for another writer (flushes first)."""
+        self._allocator.flush()
+        self._allocator.close()
+
 
 class ReplayBuffer(RingBuffer):
     """ALF's replay buffer (see the module docstring for where it deliberately differs).
@@ -289,8 +264,15 @@ class ReplayBuffer(RingBuffer):
             ``ThroughputMonitor``...).
         storage_dir: memory-mapped storage directory (see ``RingBuffer``).
         seed: seed of the buffer's own random generator (saved in ``state_dict``).
+        backend: ``"fused"`` or ``"reference"`` (see ``storage.backend``); the default
+            is fused wherever it can run.
         tree_backend: force a segment-tree kernel (``"numba"`` or ``"torch"``); the
-            default follows the device.
+            default follows the device (torch trees run the reference backend).
+
+    ``enable_checkpoint`` defaults to True here (ALF: False), since a graph resumes from
+    checkpoints; with False, ``state_dict()`` holds no contents and loading it leaves
+    the buffer as it is (ALF's checkpointer skipped such a buffer).
+    ``allow_multiprocess=True`` raises (see ``RingBuffer``).
     """
 
     ONE_MINUS = 1.0 - torch.finfo(torch.float32).eps
@@ -313,17 +295,26 @@ class ReplayBuffer(RingBuffer):
         default_return: float = -1000.0,
         gamma: float = 0.99,
         reward_clip=None,
-        enable_checkpoint: bool = False,
+        enable_checkpoint: bool = True,
         name: str = "ReplayBuffer",
         *,
         per: PER | None = None,
         controls: tuple[BufferControl, ...] = (),
         storage_dir: str | None = None,
         seed: int | None = None,
+        backend: str | None = None,
         tree_backend: str | None = None,
     ):
         super().__init__(
-            data_spec, num_environments, max_length, device, name=name, storage_dir=storage_dir
+            data_spec,
+            num_environments,
+            max_length,
+            device,
+            allow_multiprocess,
+            name=name,
+            storage_dir=storage_dir,
+            backend=backend,
+            tree_backend=tree_backend,
         )
         for required in ("step_type", "reward", "discount"):
             if (keep_episodic_info or record_episodic_return) and not has_field(
@@ -341,8 +332,8 @@ class ReplayBuffer(RingBuffer):
         self._with_replacement = bool(with_replacement)
         self._keep_episodic_info = bool(keep_episodic_info)
         self._record_episodic_return = bool(record_episodic_return)
-        self._enable_checkpoint = enable_checkpoint
-        self.sampler = SlotSampler(
+        self._enable_checkpoint = bool(enable_checkpoint)
+        self.sampler = self.backend.sampler(
             self.writer,
             prioritized=self._prioritized_sampling,
             per=per,
@@ -350,7 +341,7 @@ class ReplayBuffer(RingBuffer):
             num_earliest_frames_ignored=num_earliest_frames_ignored,
             allocator=self._allocator,
             device=self._device,
-            tree_backend=tree_backend,
+            tree_backend=self.backend.tree_backend,
         )
         self.slot_info = SlotInfo(self._num_envs * self._max_length, self._allocator)
         self.episodes = None
@@ -382,27 +373,32 @@ class ReplayBuffer(RingBuffer):
         return self.sampler.num_valid()
 
     def add_batch(self, batch, env_ids=None, blocking: bool = False, *, version: int = 0):
-        """Append one step per environment in ``env_ids`` (distinct ids).
+        """Append one step per environment in ``env_ids`` (distinct ids). The batch's
+        arrays may be tensors or numpy arrays (read-only ones too: they are copied in).
 
         ``version`` is the policy version that collected the steps (read by
         ``MaxStaleness`` and ``SampleStatistics``).
         """
-        env_ids, pos, slots, overwritten = self._append(batch, env_ids, blocking)
-        self.slot_info.on_write(slots, version)
-        self.sampler.on_write(env_ids, pos)
-        pos = torch.as_tensor(pos)
-        if self.episodes is None and not self.controls:
-            return pos
-        env_ids = torch.as_tensor(env_ids)
+        claim = self.writer.claim(env_ids, _batch_size(batch), blocking)
+        # Everything about the new steps is written before the cursors move (commit), so
+        # a process killed in between leaves a re-attached buffer without them.
+        self.storage.write_slots(claim.slots, batch)
+        self.slot_info.on_write(claim.slots, version)
         if self.episodes is not None:
-            discount = get_field(batch, "discount").to(self._device)
             self.episodes.on_write(
-                env_ids,
-                pos,
-                get_field(batch, "step_type").to(self._device).reshape(-1),
-                discount,
-                get_field(batch, "reward").to(self._device),
+                claim.env_ids,
+                claim.positions,
+                get_field(batch, "step_type"),
+                get_field(batch, "discount"),
+                get_field(batch, "reward"),
             )
+        self.writer.commit(claim)
+        self.sampler.on_write(claim.env_ids, claim.positions)
+        pos = claim.positions
+        pos = torch.from_numpy(pos) if isinstance(pos, np.ndarray) else pos
+        if not self.controls:
+            return pos
+        env_ids, overwritten = torch.as_tensor(claim.env_ids), claim.overwritten
         for control in self.controls:
             control.on_add(self, env_ids, pos, version)
             if overwritten:
@@ -496,13 +492,6 @@ class ReplayBuffer(RingBuffer):
         """
         if not self._prioritized_sampling:
             raise ValueError("update_priority needs prioritized_sampling=True")
-        if self.sampler.fused:  # takes tensors or numpy arrays as they are, zero-copy
-            return self.sampler.update_priority(env_ids, positions, priorities)
-        env_ids = torch.as_tensor(env_ids, dtype=torch.int64, device=self._device).reshape(-1)
-        positions = torch.as_tensor(positions, dtype=torch.int64, device=self._device).reshape(-1)
-        priorities = torch.as_tensor(priorities, device=self._device).reshape(-1)
-        if not env_ids.shape == positions.shape == priorities.shape:
-            raise ValueError("env_ids, positions and priorities must have one shape")
         return self.sampler.update_priority(env_ids, positions, priorities)
 
     def evict(self, slots) -> None:
@@ -570,7 +559,10 @@ class ReplayBuffer(RingBuffer):
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
-        """Copies of everything that decides future samples, safe to save in a thread."""
+        """Copies of everything that decides future samples, safe to save in a thread
+        (with ``enable_checkpoint=False``: nothing)."""
+        if not self._enable_checkpoint:
+            return {"enable_checkpoint": False}
         state = super().state_dict()
         state.update(
             sampler=self.sampler.state_dict(),
@@ -583,6 +575,8 @@ class ReplayBuffer(RingBuffer):
         return state
 
     def load_state_dict(self, state: dict) -> None:
+        if state.get("enable_checkpoint") is False:
+            return
         super().load_state_dict(state)
         self.slot_info.load_state_dict(state["slot_info"])
         if self.episodes is not None:
@@ -594,7 +588,13 @@ class ReplayBuffer(RingBuffer):
 
 
 def _batch_size(batch) -> int:
-    sizes = {int(t.shape[0]) for t in leaves(batch)}
+    if type(batch) is dict:  # the flat dict the replay store writes: no nest walk
+        try:
+            sizes = {v.shape[0] for v in batch.values()}
+        except AttributeError:  # nested
+            sizes = {int(t.shape[0]) for t in leaves(batch)}
+    else:
+        sizes = {int(t.shape[0]) for t in leaves(batch)}
     if len(sizes) != 1:
         raise ValueError(f"every tensor of a batch needs the same leading size, got {sizes}")
     return sizes.pop()

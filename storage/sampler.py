@@ -13,56 +13,30 @@ The sum tree's leaf for a slot is ``mask * (priority + epsilon) ** alpha`` (just
 (recent data, ``sample_range``, ERE) and environments holding fewer than
 ``batch_length`` steps all go through one exact mechanism.
 
-On a CPU (numba trees, the default) each event (a priority update, a write, a draw,
-the weights of a draw) is one compiled kernel from ``_sampler_kernels`` over numpy views
-of the same tensors; the array code below is the path for CUDA and for torch trees. The
-model tests run both.
+``SlotSampler`` here is the reference path (numpy views on a CPU, torch elsewhere;
+CUDA and torch trees use it). ``FusedSlotSampler`` (``fused_sampler.py``) runs each
+event (a priority update, a write, a draw, the weights of a draw) as one compiled numba
+kernel over the same arrays. ``storage.backend`` picks one at construction; the model
+tests run both.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from storage.allocator import MemoryAllocator
-from storage.ring import host_array
 from storage.segment_tree import MaxSegmentTree, MinSegmentTree, SumSegmentTree
-
-try:  # numba is a dependency; without it (a broken install) the numpy path runs.
-    from storage import _sampler_kernels
-except ImportError:  # pragma: no cover - exercised where numba is absent
-    _sampler_kernels = None
-
-# Element types the kernels take as they are (anything else is converted first).
-_INDEX_DTYPES = (np.dtype(np.int64),)
-_FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-_INDEX_TYPES = (torch.int64,)
-_FLOAT_TYPES = (torch.float32, torch.float64)
-
-
-def _flat_cpu(x, dtypes) -> bool:
-    """Whether ``x`` is a contiguous CPU tensor of one of ``dtypes`` (a kernel can read
-    its memory by address)."""
-    return type(x) is torch.Tensor and x.dtype in dtypes and x.is_cpu and x.is_contiguous()
-
-
-def _host_vector(x, dtypes) -> np.ndarray:
-    """A 1-D numpy array of ``x`` in one of ``dtypes`` (zero-copy for a CPU tensor)."""
-    x = host_array(x)
-    if not isinstance(x, np.ndarray):
-        x = np.asarray(x)
-    if x.ndim != 1:
-        x = x.reshape(-1)
-    if x.dtype not in dtypes:
-        x = x.astype(dtypes[0])
-    return x
-
 
 # ALF's bound that keeps stratified draws strictly below 1 in float32.
 ONE_MINUS = 1.0 - torch.finfo(torch.float32).eps
+
+
+class NothingToSample(ValueError):
+    """No slot may start a sequence now (too little data, or all of it evicted): a
+    caller that can wait for more data should."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +72,7 @@ class SlotSampler:
         self.writer = writer
         self.prioritized = prioritized
         self.per = per or PER()
+        self.beta = self.per.beta  # the current IS exponent (a BetaSchedule moves it)
         self.device = torch.device(device)
         self._initial_priority = float(initial_priority)
         self.num_earliest_frames_ignored = int(num_earliest_frames_ignored)
@@ -136,45 +111,9 @@ class SlotSampler:
         self._evicted = view(self.evicted)
         self._priority = view(self.priority)
         self._device_kw = {} if on_cpu else {"device": self.device}
-        # The fused kernels need every tree on the numba backend (the default on a CPU).
-        trees = [t for t in (self.sum_tree, self.max_tree, self.min_tree) if t is not None]
-        self._fused = _sampler_kernels is not None and all(
-            t.backend == "numba" and t.fanout & (t.fanout - 1) == 0 for t in trees
-        )
-        if self._fused:
-            none = np.zeros(0)
-            self._params = np.zeros(4, dtype=np.int64)
-            self._per = np.array([self.per.alpha, self.per.epsilon, self._initial_priority])
-            self._sum_values, self._layout, sum_state = self.sum_tree.kernel_arrays()
-            # Every kernel's arguments after its event batch (see _sampler_kernels).
-            self._kernel_state = (
-                self._cur,
-                self._size,
-                self._evicted,
-                self._priority,
-                self._params,
-                self._per,
-                self._sum_values,
-                self._layout,
-                sum_state,
-                self.max_tree.kernel_arrays()[0] if self.max_tree else none,
-                self.min_tree.kernel_arrays()[0] if self.min_tree else none,
-            )
-            self._sync_params()
 
-    @property
-    def fused(self) -> bool:
-        """Whether batches of events run as single numba kernels (CPU, numba trees)."""
-        return self._fused
-
-    def _sync_params(self) -> None:
-        if self._fused:
-            self._params[:] = (
-                self.max_length,
-                self.batch_length,
-                self.num_earliest_frames_ignored,
-                self.prioritized,
-            )
+    def _params_changed(self) -> None:
+        """Hook: ``batch_length`` changed (the fused sampler mirrors it for its kernels)."""
 
     def _arr(self, t):
         """A caller's tensor as this sampler's array type (zero-copy on CPU)."""
@@ -230,28 +169,10 @@ class SlotSampler:
 
     def refresh(self, env_ids, pos) -> None:
         """Recompute the leaves of (env, pos) pairs that are stored now."""
-        if self._fused:
-            _sampler_kernels.refresh(
-                _host_vector(env_ids, _INDEX_DTYPES),
-                _host_vector(pos, _INDEX_DTYPES),
-                *self._kernel_state,
-            )
-            return
         self._refresh(self._arr(env_ids), self._arr(pos))
 
     def rebuild(self) -> None:
         """Recompute every leaf from the writer, priorities and evictions (O(slots))."""
-        if self._fused:
-            sums = np.empty(self.num_slots)
-            maxes = np.empty(self.num_slots if self.max_tree else 0)
-            mins = np.empty(self.num_slots if self.min_tree else 0)
-            _sampler_kernels.all_leaves(*self._kernel_state[:6], sums, maxes, mins)
-            self.sum_tree.fill(torch.from_numpy(sums))
-            if self.max_tree is not None:
-                self.max_tree.fill(torch.from_numpy(maxes))
-            if self.min_tree is not None:
-                self.min_tree.fill(torch.from_numpy(mins))
-            return
         env_ids = torch.arange(self.num_envs, device=self.device).repeat_interleave(self.max_length)
         idx = torch.arange(self.max_length, device=self.device).repeat(self.num_envs)
         pos = self.writer.position_of_slot(env_ids, idx)
@@ -272,19 +193,18 @@ class SlotSampler:
             raise ValueError(f"batch_length must be positive, got {batch_length}")
         if batch_length != self.batch_length:
             self._batch_length[0] = batch_length
-            self._sync_params()
+            self._params_changed()
             self.rebuild()
+
+    def set_beta(self, beta: float) -> None:
+        """Change the IS exponent (needs a ``PER`` built with a ``beta``: the min tree)."""
+        if self.min_tree is None:
+            raise ValueError("set_beta needs prioritized sampling with PER(beta=...)")
+        self.beta = float(beta)
 
     # ----------------------------------------------------------------- events
     def on_write(self, env_ids, pos) -> None:
         """New steps at (env, pos): fresh priority, and the starts whose validity moved."""
-        if self._fused:
-            _sampler_kernels.on_write(
-                _host_vector(env_ids, _INDEX_DTYPES),
-                _host_vector(pos, _INDEX_DTYPES),
-                *self._kernel_state,
-            )
-            return
         xp = self.xp
         env_ids, pos = self._arr(env_ids), self._arr(pos)
         slots = env_ids * self.max_length + pos % self.max_length
@@ -308,8 +228,13 @@ class SlotSampler:
         Positions already overwritten are ignored (the learner answered late); positions
         never written are an error.
         """
-        if self._fused:
-            return self._update_priority_fused(env_ids, positions, priorities)
+        env_ids = torch.as_tensor(env_ids, dtype=torch.int64, device=self.device).reshape(-1)
+        positions = torch.as_tensor(positions, dtype=torch.int64, device=self.device).reshape(-1)
+        priorities = torch.as_tensor(priorities, device=self.device).reshape(-1)
+        if not env_ids.shape == positions.shape == priorities.shape:
+            raise ValueError("env_ids, positions and priorities must have one shape")
+        if env_ids.numel() and bool((env_ids.min() < 0) | (env_ids.max() >= self.num_envs)):
+            raise IndexError(f"env_ids must lie in [0, {self.num_envs})")
         env_ids, positions = self._arr(env_ids), self._arr(positions)
         priorities = self._arr(priorities)
         current = self._cur[env_ids]
@@ -326,43 +251,6 @@ class SlotSampler:
             self.max_tree[slots] = values
         self._refresh(env_ids, positions)
         return self._tensor(live)
-
-    def _update_priority_fused(self, env_ids, positions, priorities) -> torch.Tensor:
-        if (
-            _flat_cpu(env_ids, _INDEX_TYPES)
-            and _flat_cpu(positions, _INDEX_TYPES)
-            and _flat_cpu(priorities, _FLOAT_TYPES)
-        ):
-            n = env_ids.numel()
-            if not positions.numel() == priorities.numel() == n:
-                raise ValueError("env_ids, positions and priorities must have one shape")
-            live = np.empty(n, dtype=np.bool_)
-            code = _sampler_kernels.update_priorities_at(
-                env_ids.data_ptr(),
-                positions.data_ptr(),
-                priorities.data_ptr(),
-                priorities.dtype is torch.float32,
-                n,
-                *self._kernel_state,
-                live,
-            )
-        else:
-            env_ids = _host_vector(env_ids, _INDEX_DTYPES)
-            positions = _host_vector(positions, _INDEX_DTYPES)
-            priorities = _host_vector(priorities, _FLOAT_DTYPES)
-            if not env_ids.shape == positions.shape == priorities.shape:
-                raise ValueError("env_ids, positions and priorities must have one shape")
-            live = np.empty(env_ids.shape[0], dtype=np.bool_)
-            code = _sampler_kernels.update_priorities(
-                env_ids, positions, priorities, *self._kernel_state, live
-            )
-        if code == _sampler_kernels.BAD_ENV:
-            raise IndexError(f"env_ids must lie in [0, {self.num_envs})")
-        if code == _sampler_kernels.NOT_WRITTEN:
-            raise ValueError("update_priority for positions that were never written")
-        if code == _sampler_kernels.BAD_PRIORITY:
-            raise ValueError("priorities must be finite and >= 0")
-        return torch.from_numpy(live)
 
     def evict(self, slots) -> None:
         """Stop ``slots`` from being sampled until they are written again."""
@@ -393,20 +281,17 @@ class SlotSampler:
         if n == 0:
             return torch.zeros(0, dtype=torch.int64, device=self.device)
         if not total > 0:
-            raise ValueError(
+            raise NothingToSample(
                 "nothing to sample: no environment holds a full sequence of "
                 f"batch_length={self.batch_length} steps"
             )
         u = self._arr(torch.rand(n, generator=generator, dtype=torch.float64, device=self.device))
-        if self._fused:
-            out = np.empty(n, dtype=np.int64)
-            args = (u, not with_replacement, self._sum_values, self._layout, out)
-            if _sampler_kernels.sample_slots(*args) != 0:
-                self.sum_tree.resum()  # see SumSegmentTree.find_host
-                if _sampler_kernels.sample_slots(*args) != 0:
-                    raise RuntimeError("inconsistent sum tree after an exact re-sum")
-            return torch.from_numpy(out)
+        return self._draw(u, total, with_replacement)
+
+    def _draw(self, u, total: float, with_replacement: bool):
+        """Slots for uniform numbers ``u`` in [0, 1) (stratified without replacement)."""
         if not with_replacement:
+            n = u.shape[0]
             arange = np.arange if self.xp is np else torch.arange
             u = (u + arange(n, dtype=u.dtype, **self._device_kw)) / n
             u = self.xp.minimum(u, u * 0 + ONE_MINUS)
@@ -434,7 +319,7 @@ class SlotSampler:
         cumulative = torch.cumsum(mass, 0)
         window_total = float(cumulative[-1])
         if not window_total > 0:
-            raise ValueError("nothing to sample in the requested window")
+            raise NothingToSample("nothing to sample in the requested window")
         out = torch.empty(n, dtype=torch.int64, device=self.device)
         todo = torch.arange(n, device=self.device)
         for _ in range(8):
@@ -455,11 +340,6 @@ class SlotSampler:
 
     def locate(self, slots):
         """``(env_ids, ring indices, positions)`` of slots (numpy on CPU, else tensors)."""
-        if self._fused:
-            n = slots.shape[0]
-            env_ids, idx, positions = (np.empty(n, dtype=np.int64) for _ in range(3))
-            _sampler_kernels.locate(slots, self._cur, self.max_length, env_ids, idx, positions)
-            return env_ids, idx, positions
         length = self.max_length
         env_ids, idx = slots // length, slots % length
         current = self._cur[env_ids]
@@ -469,26 +349,14 @@ class SlotSampler:
         """ALF's ``N * P(i)`` (leaf over mean non-zero leaf), or PER's with ``beta``."""
         if not self.prioritized:
             return torch.ones(slots.shape, dtype=torch.float32, device=self.device)
-        if self._fused:
-            out = np.empty(slots.shape[0], dtype=np.float32)
-            beta = self.per.beta
-            _sampler_kernels.importance_weights(
-                _host_vector(slots, _INDEX_DTYPES),
-                self._sum_values,
-                self.sum_tree.nnz,
-                self.min_tree.total() if beta is not None else 1.0,
-                beta if beta is not None else math.nan,
-                out,
-            )
-            return torch.from_numpy(out)
         total = self.sum_tree.total()
         nnz = self.sum_tree.nnz
         leaf = self.sum_tree.leaves()[slots]  # slots came from this tree: no range check
         ratio = leaf * (nnz / total)
-        if self.per.beta is None:
+        if self.beta is None:
             return ratio.to(torch.float32)
         smallest = self.min_tree.total() * (nnz / total)
-        return ((ratio / smallest) ** (-self.per.beta)).to(torch.float32)
+        return ((ratio / smallest) ** (-self.beta)).to(torch.float32)
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict:
@@ -505,5 +373,5 @@ class SlotSampler:
         self.priority.copy_(state["priority"])
         self.evicted.copy_(state["evicted"])
         self._batch_length[0] = int(state["batch_length"])
-        self._sync_params()
+        self._params_changed()
         self.rebuild()

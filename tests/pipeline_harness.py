@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -18,18 +19,21 @@ import zmq
 
 from pipeline import codec
 from pipeline.cli import control
+from pipeline.sockets import remove_socket_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class LiveRun:
-    def __init__(self, run_dir: str, graph: str | None, *overrides: str, resume: bool = False):
+    def __init__(self, run_dir: str, graph: str | None, *overrides: str, resume: bool = False,
+                 env: dict | None = None):
         self.run_dir = run_dir
         args = [sys.executable, os.path.join(ROOT, "run.py"), "run", "--quiet"]
         args += ["--resume", run_dir] if resume else [graph, "--run-dir", run_dir]
         for item in overrides:
             args += ["--set", item]
-        self.proc = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
         self.stderr_lines: list[str] = []
         for line in self.proc.stderr:  # blocks until the supervisor is listening
             self.stderr_lines.append(line)
@@ -90,9 +94,16 @@ class LiveRun:
         """Last resort cleanup: kill the supervisor and every node it started."""
         if self.proc.poll() is None:
             self.proc.kill()
+            self.proc.wait()
         for pid in node_pids(self.run_dir):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
+        # A supervisor killed with SIGKILL could not remove its socket directory.
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            with open(os.path.join(self.run_dir, "endpoints.json")) as f:
+                control = json.load(f)["control"]
+            if control.startswith("ipc://"):
+                remove_socket_dir(os.path.dirname(control[len("ipc://"):]))
 
     def metrics(self) -> list[dict]:
         with open(os.path.join(self.run_dir, "metrics.jsonl")) as f:
@@ -119,6 +130,19 @@ def node_pids(run_dir: str) -> list[int]:
     return pids
 
 
+def wait_for_exit(pid: int, timeout_s: float = 60) -> bool:
+    """Block until a process that is not our child has exited (its pidfd turns readable);
+    False if it is still running after ``timeout_s``."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout_s)[0])
+    finally:
+        os.close(fd)
+
+
 def alive(pid: int) -> bool:
     """Running (a zombie waiting for init to reap it is not: it has exited)."""
     try:
@@ -127,3 +151,21 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (ProcessLookupError, FileNotFoundError):
         return False
+
+
+async def idle_node(config, node, ready):
+    """A node kind for tests (``tests.pipeline_harness:idle_node``): never says ready, only
+    waits to be stopped; ``wait_ready`` on it can only time out."""
+    await node.stopping.wait()
+    return {}
+
+
+async def secret_probe(config, node, ready):
+    """A node kind for tests (``tests.pipeline_harness:secret_probe``): writes the run secret
+    it sees in its environment to ``RUN_DIR/probe.<replica>`` before it says ready."""
+    ctx = getattr(node, "context", node)
+    with open(os.path.join(ctx.run_dir, f"probe.{ctx.replica}"), "w") as f:
+        f.write(os.environ.get("CONDUIT_RUN_SECRET", ""))
+    ready()
+    await node.stopping.wait()
+    return {}

@@ -115,7 +115,7 @@ nodes:
     calls: [policy]
   unroller:
     kind: unroller
-    config: {env_id: CartPole-v1, algorithm: {name: random}}
+    config: {env_id: "ConduitTest/FlakyCartPole-v0", algorithm: {name: random}}
     serves: [policy]
     publishes: [experience]
   replay_store:

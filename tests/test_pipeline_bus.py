@@ -15,8 +15,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from pipeline import bus as bus_module
-from pipeline import codec
+from pipeline import codec, reliable
 from pipeline.bus import Bus, TopicSpec
 from pipeline.messages import Credit, Join, Record
 from pipeline.sockets import SocketFactory
@@ -265,5 +264,199 @@ async def _large_messages_small_window(tmp_path) -> None:
 @pytest.mark.timeout(60)
 def test_large_messages_flow_through_a_small_byte_window(tmp_path, monkeypatch):
     # No delayed acknowledgements: only those sent for bytes handled can keep this moving.
-    monkeypatch.setattr(bus_module, "ACK_DELAY_S", 60.0)
+    monkeypatch.setattr(reliable, "ACK_DELAY_S", 60.0)
     asyncio.run(asyncio.wait_for(_large_messages_small_window(tmp_path), 30))
+
+
+async def _hwm_bytes(tmp_path) -> None:
+    size = len(_record(1, np.zeros(1000, np.uint8))[0])
+    topics = {"numbers": TopicSpec("reliable", 100, hwm_bytes=3 * size)}
+    async with _publisher_and_member(tmp_path, topics) as (_, pub, raw):
+        for i in range(1, 4):  # three messages reach the byte bound; none is acknowledged yet
+            await pub.send(Record(i, np.zeros(1000, np.uint8)))
+        assert pub.queued_bytes == 3 * size and pub.stats.depth == 3 < pub.hwm
+        fourth = asyncio.ensure_future(pub.send(Record(4, np.zeros(1000, np.uint8))))
+        for _ in range(10):  # let the loop run: the send must stay blocked on bytes alone
+            await asyncio.sleep(0)
+        assert not fourth.done() and pub.seq == 3
+        raw.connect(pub.endpoint)
+        await raw.send_multipart(codec.encode(Join("numbers", "sink", "sink.0~0", 10, 1 << 30)))
+        head = (await asyncio.wait_for(raw.recv_multipart(), 5))[0]
+        assert _parse_batch(head)[:2] == (1, 3)
+        assert not fourth.done()  # delivered is not acknowledged: the bytes are still held
+        await raw.send_multipart(codec.encode(Credit("numbers", 1)))
+        await asyncio.wait_for(fourth, 5)
+        assert pub.queued_bytes == 3 * size and pub.seq == 4
+
+
+@pytest.mark.timeout(60)
+def test_a_reliable_publisher_waits_when_unacknowledged_bytes_reach_hwm_bytes(tmp_path):
+    asyncio.run(asyncio.wait_for(_hwm_bytes(tmp_path), 30))
+
+
+# --- hardening: silent members, undeclared groups, the run secret, credit and framing checks ---
+
+
+@contextlib.asynccontextmanager
+async def _publisher_and_sink(tmp_path, topics=TOPICS, groups=("sink",)):
+    """A real publisher of ``numbers`` and a real subscriber in group ``sink``, plus a factory
+    of raw DEALER sockets connected to the publisher; yields ``(publisher, subscriber, raw)``."""
+    ctx = zmq.asyncio.Context()
+    pub_bus = Bus("source.0~0", "source", topics, {"numbers": f"ipc://{tmp_path}/numbers"},
+                  {"numbers": list(groups)}, sockets=SocketFactory(ctx))
+    sub_bus = Bus("sink.1~0", "sink", topics, {}, {}, sockets=SocketFactory(ctx))
+    raws = []
+
+    def raw():
+        sock = ctx.socket(zmq.DEALER)
+        sock.linger = 0
+        sock.connect(pub.endpoint)
+        raws.append(sock)
+        return sock
+
+    try:
+        pub = pub_bus.publisher("numbers")
+        yield pub, lambda: _subscribe(sub_bus, pub), raw
+    finally:
+        pub_bus.close()
+        sub_bus.close()
+        for sock in raws:
+            sock.close(linger=0)
+        ctx.term()
+
+
+def _subscribe(sub_bus, pub):
+    sub_bus.set_peers({"numbers": [pub.endpoint]}, {})
+    return sub_bus.subscriber("numbers")
+
+
+async def _silent_member(tmp_path) -> None:
+    async with _publisher_and_sink(tmp_path) as (pub, subscribe, raw):
+        silent = raw()
+        await silent.send_multipart(codec.encode(Join("numbers", "sink", "intruder.0", 1, 1 << 30)))
+        await pub.send(Record(1, None))
+        frames = await asyncio.wait_for(silent.recv_multipart(), 5)  # it holds message 1 ...
+        assert codec.decode(frames, 9).message.origin == 1
+        sub = subscribe()  # ... and never acknowledges it; a real member joins
+        for i in (2, 3):
+            await pub.send(Record(i, None))
+        origins = [(await asyncio.wait_for(sub.recv(), 5)).message.origin for _ in range(3)]
+        assert sorted(origins) == [1, 2, 3]  # 1 was taken back from the silent member
+        assert pub.stats.evicted == 1 and pub.stats.redelivered == 1
+        assert len(pub.groups["sink"].members) == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_member_that_goes_silent_loses_its_messages_to_the_group(tmp_path, monkeypatch):
+    monkeypatch.setattr(reliable, "MEMBER_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(reliable, "KEEPALIVE_S", 0.05)
+    asyncio.run(asyncio.wait_for(_silent_member(tmp_path), 30))
+
+
+async def _undeclared_group(tmp_path) -> None:
+    topics = {"numbers": TopicSpec("reliable", 4)}
+    async with _publisher_and_sink(tmp_path, topics) as (pub, subscribe, raw):
+        sub = subscribe()
+        intruder = raw()  # joins a group the graph does not have, with credit 1, and goes away
+        await intruder.send_multipart(codec.encode(Join("numbers", "intruder", "x.0", 1, 1 << 30)))
+
+        async def produce():
+            for i in range(1, 41):  # ten times the hwm: the intruder's queue must not hold it
+                await pub.send(Record(i, None))
+
+        producer = asyncio.ensure_future(produce())
+        # It joined while messages were flowing (else this times out): it got one, keeps it.
+        await asyncio.wait_for(intruder.recv_multipart(), 5)
+        intruder.close(linger=0)
+        origins = [(await asyncio.wait_for(sub.recv(), 5)).message.origin for _ in range(40)]
+        await asyncio.wait_for(producer, 5)
+        assert origins == list(range(1, 41))
+        assert "intruder" not in pub.groups and pub.stats.evicted == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_join_to_an_undeclared_group_cannot_stall_the_topic(tmp_path, monkeypatch):
+    monkeypatch.setattr(reliable, "MEMBER_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(reliable, "KEEPALIVE_S", 0.05)
+    asyncio.run(asyncio.wait_for(_undeclared_group(tmp_path), 30))
+
+
+async def _run_secret(tmp_path) -> None:
+    async with _publisher_and_sink(tmp_path) as (pub, subscribe, raw):
+        await pub.send(Record(1, None))
+        stranger = raw()
+        await stranger.send_multipart(codec.encode(Join("numbers", "sink", "x.0", 10, 1 << 30,
+                                                        "guess")))
+        # The same connection joins again with the secret: once it gets message 1, the first
+        # join was seen, and refused.
+        await stranger.send_multipart(codec.encode(Join("numbers", "sink", "x.0", 10, 1 << 30,
+                                                        "s3cret")))
+        frames = await asyncio.wait_for(stranger.recv_multipart(), 5)
+        assert codec.decode(frames, 9).message.origin == 1
+        assert pub.stats.refused == 1 and len(pub.groups["sink"].members) == 1
+        stranger.close(linger=0)
+        pub.drop_instances({"x.0"})
+        sub = subscribe()  # a real subscriber carries the secret from its environment
+        assert (await asyncio.wait_for(sub.recv(), 5)).message.origin == 1
+        assert pub.stats.refused == 1
+
+
+@pytest.mark.timeout(60)
+def test_joins_must_carry_the_run_secret(tmp_path, monkeypatch):
+    monkeypatch.setenv(reliable.SECRET_ENV, "s3cret")
+    asyncio.run(asyncio.wait_for(_run_secret(tmp_path), 30))
+
+
+async def _no_overrun(tmp_path) -> None:
+    async with _publisher_and_member(tmp_path) as (_, pub, raw):
+        for i in range(1, 6):
+            await pub.send(Record(i, None))
+        raw.connect(pub.endpoint)
+        await raw.send_multipart(codec.encode(Join("numbers", "sink", "sink.0~0", 2, 1 << 30)))
+        head = (await asyncio.wait_for(raw.recv_multipart(), 5))[0]
+        assert _parse_batch(head)[:2] == (1, 2)  # the whole window, and no more
+        # A keepalive makes the publisher pump again: with no credit left, nothing may go.
+        await raw.send_multipart(codec.encode(Credit("numbers", 0)))
+        assert not await raw.poll(100)
+        member = next(iter(pub.groups["sink"].members.values()))
+        assert member.credit == 0 and len(member.inflight) == 2
+        await raw.send_multipart(codec.encode(Credit("numbers", 1)))
+        head = (await asyncio.wait_for(raw.recv_multipart(), 5))[0]
+        assert head[:1] == b"D" and struct.unpack_from("<Q", head, 1)[0] == 3
+        assert not await raw.poll(100)
+        assert member.credit == 0 and len(member.inflight) == 2
+
+
+@pytest.mark.timeout(60)
+def test_a_member_never_gets_more_than_its_credit(tmp_path):
+    asyncio.run(asyncio.wait_for(_no_overrun(tmp_path), 30))
+
+
+async def _trailing_junk(tmp_path) -> None:
+    ctx = zmq.asyncio.Context()
+    raw = ctx.socket(zmq.ROUTER)  # plays the publisher
+    raw.linger = 0
+    endpoint = f"ipc://{tmp_path}/numbers"
+    raw.bind(endpoint)
+    bus = Bus("sink.0~0", "sink", TOPICS, {}, {}, sockets=SocketFactory(ctx))
+    try:
+        bus.set_peers({"numbers": [endpoint]}, {})
+        sub = bus.subscriber("numbers")
+        routing_id, *join = await raw.recv_multipart()
+        assert isinstance(codec.decode(join).message, Join)
+        # Two good messages whose length table sums to less than the head: junk follows them.
+        routing, head = _batch(routing_id, 1, [_record(1), _record(2)])
+        await raw.send_multipart([routing, head + b"junk"])
+        await raw.send_multipart([routing_id, b"D" + struct.pack("<Q", 3) + _record(3)[0]])
+        envelope = await asyncio.wait_for(sub.recv(), 5)
+        assert envelope.message.origin == 3  # the batch was refused whole
+        assert sub.stats.malformed == 2 and sub.stats.received == 1 and sub.stats.gaps == 0
+    finally:
+        bus.close()
+        raw.close(linger=0)
+        ctx.term()
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_with_trailing_junk_is_refused(tmp_path):
+    asyncio.run(asyncio.wait_for(_trailing_junk(tmp_path), 30))

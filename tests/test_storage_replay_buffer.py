@@ -342,14 +342,14 @@ def test_memory_mapped_storage_reattaches(tmp_path):
     rb = ReplayBuffer(SPEC, 2, 8, **kwargs)
     fill(rb, 11)
     rb.update_priority(torch.tensor([1]), torch.tensor([9]), torch.tensor([40.0]))
-    rb.flush()
-    del rb
+    rb.close()  # releases the directory's lock, as a dying process does
     again = ReplayBuffer(SPEC, 2, 8, **kwargs)
     assert again.reattached
     assert again.writer.current_pos.tolist() == [11, 11]
     data, _ = again.gather_all()
     assert data.observation[1, :, 1].tolist() == [float(t) for t in range(3, 11)]
     assert again.sampler.sum_tree.total() == pytest.approx(15 + 40.0)
+    again.close()
     with pytest.raises(ValueError):
         ReplayBuffer(SPEC, 2, 16, **kwargs)  # a different buffer on the same files
 
@@ -453,3 +453,62 @@ def test_episode_replay_buffer_windows_are_uniform():
     again = EpisodeReplayBuffer(3)
     again.load_state_dict(state)
     assert torch.equal(again.sample(5, 2)[2], buf.sample(5, 2)[2])
+
+
+# ----------------------------------------------------------------- backend and ALF arguments
+def test_backend_is_chosen_once_and_reported():
+    assert ReplayBuffer(SPEC, 2, 8).backend.name == "fused"
+    assert ReplayBuffer(SPEC, 2, 8, tree_backend="torch").backend.name == "reference"
+    reference = ReplayBuffer(SPEC, 2, 8, backend="reference", prioritized_sampling=True)
+    assert reference.backend.name == "reference"
+    assert reference.sampler.sum_tree.backend == "numba"
+    with pytest.raises(ValueError, match="fused backend needs"):
+        ReplayBuffer(SPEC, 2, 8, backend="fused", tree_backend="torch")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        ReplayBuffer(SPEC, 2, 8, backend="numba")
+
+
+@pytest.mark.parametrize("backend", ["fused", "reference"])
+def test_backends_sample_the_same(backend):
+    """Same seed, same events: the same samples, weights and priority results."""
+    results = []
+    for name in ("fused", backend):
+        rb = ReplayBuffer(
+            SPEC,
+            3,
+            16,
+            prioritized_sampling=True,
+            seed=3,
+            backend=name,
+            per=PER(alpha=0.7, beta=0.5, epsilon=0.01),
+        )
+        fill(rb, 20)
+        _, info = rb.get_batch(8, 2)
+        applied = rb.update_priority(info.env_ids, info.positions, torch.arange(8) * 0.5)
+        data, info = rb.get_batch(8, 2)
+        results.append((data.observation, info.positions, info.importance_weights, applied))
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+
+
+def test_allow_multiprocess_raises_and_enable_checkpoint_works():
+    with pytest.raises(ValueError, match="allow_multiprocess"):
+        ReplayBuffer(SPEC, 2, 8, allow_multiprocess=True)
+    rb = ReplayBuffer(SPEC, 2, 8, enable_checkpoint=False)
+    fill(rb, 3)
+    state = rb.state_dict()
+    assert state == {"enable_checkpoint": False}
+    other = ReplayBuffer(SPEC, 2, 8, enable_checkpoint=False)
+    fill(other, 5)
+    other.load_state_dict(state)  # ALF's checkpointer skipped such a buffer: nothing changes
+    assert int(other.total_size) == 10
+    assert ReplayBuffer(SPEC, 2, 8).name == "ReplayBuffer"
+
+
+def test_blocking_dequeue_of_missing_steps_raises():
+    rb = ReplayBuffer(SPEC, 2, 8)
+    fill(rb, 1)
+    with pytest.raises(RuntimeError, match="blocking dequeue"):
+        rb.dequeue(n=2, blocking=True)
+    with pytest.raises(ValueError):
+        rb.dequeue(n=2)

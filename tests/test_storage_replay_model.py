@@ -15,12 +15,13 @@ from hypothesis import strategies as st
 
 from storage import ReplayBuffer, StepType, TensorSpec, nstep_returns
 
-# (device, tree kernel): the torch kernel on CPU runs the code path CUDA uses.
+# (device, tree kernel, backend): fused numba, reference on numba trees, reference on torch.
 DEVICES = [
-    ("cpu", None),
-    ("cpu", "torch"),
+    ("cpu", None, None),
+    ("cpu", "numba", "reference"),
+    ("cpu", "torch", None),
     pytest.param(
-        ("cuda", None),
+        ("cuda", None, None),
         marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
     ),
 ]
@@ -128,7 +129,7 @@ def programs(draw):
 @settings(max_examples=40, deadline=None)
 @given(program=programs(), data=st.data())
 def test_buffer_matches_model(device, program, data):
-    device, tree_backend = device
+    device, tree_backend, backend = device
     num_envs, max_length, nefi, prioritized, ops = program
     rb = ReplayBuffer(
         SPEC,
@@ -139,6 +140,7 @@ def test_buffer_matches_model(device, program, data):
         keep_episodic_info=True,
         device=device,
         seed=0,
+        backend=backend,
         tree_backend=tree_backend,
     )
     model = Model(num_envs, max_length, nefi, initial_priority=1.0)

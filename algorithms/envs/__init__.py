@@ -1,0 +1,77 @@
+"""The one environment factory: every process that steps or sizes an environment (env runner,
+evaluator, the nodes that build the algorithm's spaces, the single-process trainer) calls it, so
+they all see the same observations for the same ``env_id`` and ``env_kwargs``.
+
+Three families, told apart by the id:
+
+* Atari (``ALE/<Game>-v5``, ``<Game>NoFrameskip-v4``): :mod:`algorithms.envs.atari`, the
+  ``[atari]`` extra; ``env_kwargs`` are :class:`~algorithms.envs.atari.AtariOptions`.
+* MinAtar (``MinAtar/<Game>-v0|v1``): :mod:`algorithms.envs.minatar`, the ``[minatar]`` extra;
+  ``env_kwargs`` are :class:`~algorithms.envs.minatar.MinAtarOptions`.
+* any other registered Gymnasium id: ``gymnasium.make_vec`` (sync), ``env_kwargs`` go to
+  ``gymnasium.make``.
+
+Every env it makes is a ``NEXT_STEP`` autoreset vector env (the step after a terminated or
+truncated one is a reset, reward 0), which :class:`algorithms.steps.VectorEnvStepper` turns into
+ALF time steps. No torch here: an env runner starts without importing it.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+
+from algorithms.envs import atari, minatar
+
+
+def check_env_id(env_id: str, env_kwargs: dict | None = None) -> None:
+    """Raise ``ValueError`` with one line if ``env_id``/``env_kwargs`` cannot make an env here:
+    an unknown id, a missing extra (named), an unknown ``env_kwargs`` key. Cheap: it makes no
+    environment, so a graph can be checked at load time."""
+    env_kwargs = dict(env_kwargs or {})
+    if atari.parse_id(env_id) is not None:
+        atari.check(env_id, atari.options(env_kwargs))
+    elif minatar.parse_id(env_id) is not None:
+        minatar.options(env_kwargs)
+        if not minatar.installed():
+            raise ValueError(f"{env_id} needs the [{minatar.EXTRA}] extra: "
+                             f"pip install 'conduit[{minatar.EXTRA}]'")
+    else:
+        try:
+            gym.spec(env_id)
+        except gym.error.Error as exc:
+            raise ValueError(f"unknown environment id {env_id!r}: {exc}") from None
+
+
+def make_env(env_id: str, num_envs: int, seed: int | None = None,
+             env_kwargs: dict | None = None, training: bool = True) -> gym.vector.VectorEnv:
+    """A ``NEXT_STEP`` vector env of ``num_envs`` copies of ``env_id``.
+
+    ``training=False`` is for evaluation: Atari then plays whole games (no episodic life) with
+    raw rewards (no clipping). ``seed`` seeds the action space here and the envs at the
+    stepper's ``reset(seed)`` (EnvPool: here).
+    """
+    env_kwargs = dict(env_kwargs or {})
+    check_env_id(env_id, env_kwargs)
+    if atari.parse_id(env_id) is not None:
+        env = atari.make(env_id, num_envs, seed, atari.options(env_kwargs), training)
+    elif minatar.parse_id(env_id) is not None:
+        env = minatar.MinAtarVectorEnv(env_id, num_envs, minatar.options(env_kwargs))
+    else:
+        env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
+                           vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP},
+                           **env_kwargs)
+    env.action_space.seed(seed)
+    return env
+
+
+def env_spaces(env_id: str, env_kwargs: dict | None = None) -> tuple[gym.Space, gym.Space]:
+    """``(observation space, action space)`` of one env, as :func:`make_env` makes it (for
+    Atari the preprocessed ``[1, 84, 84]`` uint8 frame, not the raw screen)."""
+    env = make_env(env_id, 1, None, env_kwargs, training=False)
+    try:
+        return env.single_observation_space, env.single_action_space
+    finally:
+        env.close()
+
+
+__all__ = ["check_env_id", "env_spaces", "make_env"]

@@ -1,0 +1,48 @@
+"""Greedy evaluation: the one ``evaluate()`` of the code base.
+
+The single-process trainer, the learning benchmark and the graph's evaluator node all measure a
+policy the same way (same episodes, same seeds, same environment kwargs), so their numbers can
+be compared.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from algorithms.steps import StepType, VectorEnvStepper, make_vector_env
+
+
+class Evaluation(NamedTuple):
+    mean_return: float
+    mean_length: float
+
+
+def evaluate(alg, env_id: str, num_episodes: int = 10, seed: int = 10_000,
+             env_kwargs: dict | None = None) -> Evaluation:
+    """Mean undiscounted return and length of ``num_episodes`` greedy episodes (``predict_step``),
+    one per parallel env, on ``gymnasium.make(env_id, **env_kwargs)``."""
+    env = make_vector_env(env_id, num_episodes, seed, env_kwargs)
+    try:
+        stepper = VectorEnvStepper(env, seed)
+        ts = stepper.reset()
+        returns = np.zeros(num_episodes)
+        lengths = np.zeros(num_episodes)
+        done = np.zeros(num_episodes, dtype=bool)
+        initial_state = getattr(alg, "get_initial_state", None)
+        state = initial_state(num_episodes) if initial_state is not None else ()
+        while not done.all():
+            with torch.no_grad():
+                step = alg.predict_step(ts, state)
+            state = step.state
+            action = step.output
+            ts = stepper.step(action.detach().cpu().numpy() if isinstance(action, torch.Tensor)
+                              else np.asarray(action))
+            returns += np.where(done, 0.0, ts.reward)
+            lengths += ~done
+            done |= ts.step_type == StepType.LAST
+        return Evaluation(float(returns.mean()), float(lengths.mean()))
+    finally:
+        env.close()

@@ -1,0 +1,115 @@
+"""The registry of node kinds: which module implements the kind a graph names.
+
+Why a registry: ``pipeline/`` is the transport and runtime and must not depend on the node
+kinds built on it. The package that holds node kinds registers them from outside
+(``nodes/__init__.py`` calls :func:`register_package`), and ``run.py`` imports that package
+before it reads a graph. A user kind needs no registration: ``package.module:function``.
+
+A kind module defines ``async def run(config, node, ready)`` (``node`` is a
+:class:`pipeline.node.NodeContext`) and optionally:
+
+* ``Config``: a frozen dataclass, built from the graph entry's ``config`` at load;
+* ``PORTS``: a :class:`pipeline.ports.Ports` (or a function of the built config returning one),
+  checked against the graph entry at load and at runtime;
+* ``validate(config)``: raises :class:`pipeline.config.ConfigError` for a bad combination of
+  values, reported at load with the key's file:line (``key`` relative to the node's config).
+
+Graph-wide checks (settings that must agree across nodes) are registered with
+:func:`register_graph_check`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+_KINDS: dict[str, str] = {}  # kind name -> module path, imported on first use
+_GRAPH_CHECKS: list[Callable] = []
+
+
+class UnknownKind(LookupError):
+    """The kind cannot be resolved; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A resolved node kind."""
+
+    name: str
+    run: Callable
+    config_cls: type | None
+    ports: Any = None  # Ports, a function of the config returning Ports, or None (unchecked)
+    validate: Callable | None = None
+
+
+def register(name: str, module: str) -> None:
+    """Make ``kind: name`` in a graph mean the module ``module`` (imported on first use)."""
+    if not NAME_RE.match(name):
+        raise ValueError(f"kind names use letters, digits and '_': {name!r}")
+    _KINDS[name] = module
+
+
+def register_package(package: str, names) -> None:
+    """Register every module name in ``names`` as the kind ``package.<name>`` (skipping private
+    modules, whose names start with ``_``)."""
+    for name in names:
+        if not name.startswith("_"):
+            register(name, f"{package}.{name}")
+
+
+def register_graph_check(check: Callable) -> Callable:
+    """Run ``check(graph)`` on every graph at load, after each node was checked on its own.
+
+    For settings that must agree across nodes. ``graph.configs[node]`` is each node's built
+    config; a mistake is ``raise pipeline.config.ConfigError(key, message)`` with ``key`` the
+    dotted path from the graph's root (``"nodes.learner.config.env_id"``), reported as one line
+    with that key's file:line. Usable as a decorator; registering the same function twice is a
+    no-op."""
+    if check not in _GRAPH_CHECKS:
+        _GRAPH_CHECKS.append(check)
+    return check
+
+
+def graph_checks() -> tuple:
+    return tuple(_GRAPH_CHECKS)
+
+
+def known() -> list[str]:
+    return sorted(_KINDS)
+
+
+def resolve(kind: str) -> Kind:
+    """Import a node kind; raise :class:`UnknownKind` with a one-line reason."""
+    if ":" in kind:
+        module_name, _, func_name = kind.partition(":")
+        module = _import(module_name)
+        run = getattr(module, func_name, None)
+        if run is None or not callable(run):
+            raise UnknownKind(f"{module_name!r} has no function {func_name!r}")
+        # A user kind carries its declarations on the function (run.Config, run.PORTS, ...).
+        source = run
+    else:
+        if kind not in _KINDS:
+            raise UnknownKind(f"unknown node kind {kind!r} (known: {', '.join(known())})")
+        module = _import(_KINDS[kind])
+        run = getattr(module, "run", None)
+        if run is None or not callable(run):
+            raise UnknownKind(f"{_KINDS[kind]} has no run(config, node, ready) function")
+        source = module
+    return Kind(name=kind, run=run, config_cls=getattr(source, "Config", None),
+                ports=getattr(source, "PORTS", None), validate=getattr(source, "validate", None))
+
+
+def _import(module_name: str):
+    try:
+        return importlib.import_module(module_name)
+    except Exception as exc:  # user code: a SyntaxError or a raise at import is a mistake too
+        reason = " ".join(str(exc).split())
+        if not isinstance(exc, ImportError):
+            reason = f"{type(exc).__name__}: {reason}"
+        raise UnknownKind(f"cannot import {module_name!r}: {reason}") from None

@@ -1,0 +1,711 @@
+"""Reliable topics: consumer groups, credit-based flow control, acknowledgement and redelivery.
+
+The publisher binds a ROUTER; each subscriber connects a DEALER per publisher and joins a
+*consumer group* (its node name). Every group gets every message; inside a group each message
+goes to one member that has credit (replicas share the work). Subscribers grant credit and
+acknowledge a message when they ask for the next one, so the publisher holds every message
+until it was handled: when a member disconnects its unacknowledged messages go back to the front
+of the group's queue. A group's queue is bounded by the topic's ``hwm`` (messages) and the
+publisher's unacknowledged bytes by ``hwm_bytes``; when either is full ``send`` waits: a slow
+consumer slows the producer, nothing is dropped. The publisher buffers for groups the graph says
+will subscribe even before they connect, so there is no slow-joiner loss and no sleep. Each
+delivery carries a per-connection counter that the subscriber checks: ``gaps`` must stay zero.
+Messages queued for a member with credit go as one batch delivery (counted, credited and
+acknowledged per message). Every reliable publisher also binds a lossy *tap*
+(:class:`pipeline.broadcast.Tap`) that mirrors its messages while a monitor watches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hmac
+import itertools
+import logging
+import os
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import zmq
+
+from pipeline import codec
+from pipeline.broadcast import Tap
+from pipeline.channel import Channel
+from pipeline.messages import Credit, Join, Leave, LeaveAck
+from pipeline.sockets import bind, tap_endpoint
+from pipeline.topics import HWM_BYTES, TopicStats
+
+if TYPE_CHECKING:
+    from pipeline.bus import Bus
+
+log = logging.getLogger(__name__)
+
+_U64 = struct.Struct("<Q")
+# A delivery is [routing id, b"D" + u64 per-connection counter + envelope, *array frames]: the
+# header rides in the envelope's frame because every frame costs a send and a receive.
+_HEAD = struct.Struct("<cQ")
+# Several messages for one member go as one batch delivery: [routing id, b"B" + u64 counter of
+# the first message + u32 count + count u32 envelope lengths + count u32 array-frame counts +
+# the envelopes back to back, *every message's array frames in order]. Counters, credits and
+# acknowledgements stay per message; a batch only saves the sends, receives and wake-ups.
+_BATCH_HEAD = struct.Struct("<cQI")
+BATCH_MAX = 64  # messages per batch
+BATCH_BYTES = 4 << 20  # a batch stops growing once its messages reach this many bytes
+# Bytes in flight per subscriber connection (besides the message window): bounds the memory a
+# slow consumer of large messages pins on both sides, and keeps it small enough to stay cached.
+WINDOW_BYTES = 32 << 20
+_LEAVE_ACK = b"A"
+# A member (or an undeclared group without members) silent this long is dropped: its credit and
+# unacknowledged messages go back to its group, so a peer that joins and goes away cannot stall a
+# topic. Above the supervisor's default heartbeat timeout (30 s), so a live but blocked node is
+# killed and restarted before its messages are taken from it. Subscribers send a keepalive
+# (``Credit(acked=0)``) every KEEPALIVE_S.
+MEMBER_TIMEOUT_S = 60.0
+KEEPALIVE_S = 10.0
+SECRET_ENV = "CONDUIT_RUN_SECRET"  # set by the supervisor for every node: Join must carry it
+ACK_DELAY_S = 0.002  # how long an idle subscriber may sit on credit below the batch size
+_DATA = b"D"
+_BATCH = b"B"
+_CTRL = b"C"
+# A batch head at least this big is sent in place; a smaller one is copied. Zero-copy hands a
+# Python reference to pyzmq's garbage-collector thread and takes a GIL round trip on release,
+# which costs more than copying a few hundred KiB: a batch of 64 4-KiB messages (260 KiB) takes
+# ~15 µs to send copied and ~22 µs in place, plus the collector's work. Array frames keep
+# pyzmq's threshold (in place from 64 KiB): measured faster between two processes at 64 KiB.
+ZERO_COPY_MIN = 512 << 10
+
+
+def _nbytes(frame) -> int:
+    return frame.nbytes if type(frame) is not bytes else len(frame)
+
+
+class _Msg:
+    """One published message: its frames, and how many groups still have to acknowledge it."""
+
+    __slots__ = ("seq", "frames", "remaining", "nbytes")
+
+    def __init__(self, seq: int, frames: list, remaining: int):
+        self.seq, self.frames, self.remaining = seq, frames, remaining
+        self.nbytes = len(frames[0]) if len(frames) == 1 else sum(map(_nbytes, frames))
+
+
+@dataclass
+class _Member:
+    routing_id: bytes
+    instance: str
+    credit: int  # messages it may still be sent
+    credit_bytes: int  # bytes it may still be sent (a larger message goes alone: below zero)
+    delivered: int = 0
+    inflight: collections.deque = field(default_factory=collections.deque)
+    leaving: bool = False
+    last_seen: float = 0.0  # time.monotonic() of its last control message
+
+
+@dataclass
+class _Group:
+    name: str
+    backlog: collections.deque = field(default_factory=collections.deque)
+    members: dict = field(default_factory=dict)  # routing id -> _Member
+    rotation: itertools.count = field(default_factory=itertools.count)
+    declared: bool = True  # the graph says this group consumes the topic
+    empty_since: float | None = None  # an undeclared group without members, since when
+
+    def pending(self) -> int:
+        return len(self.backlog) + sum(len(m.inflight) for m in self.members.values())
+
+
+def _with_credit(group: _Group) -> list:
+    return [m for m in group.members.values()
+            if m.credit > 0 and m.credit_bytes > 0 and not m.leaving]
+
+
+class ReliablePublisher:
+    """Publishes ``topic`` to every consumer group with credit-based flow control."""
+
+    def __init__(self, bus: Bus, topic: str, endpoint: str, hwm: int, groups: list[str],
+                 hwm_bytes: int = HWM_BYTES):
+        self.topic, self.hwm, self.hwm_bytes, self.bus = topic, hwm, hwm_bytes, bus
+        self.stats = TopicStats()
+        self.seq = 0
+        self.groups = {g: _Group(g) for g in groups}
+        # (backlog, group) of every group, for the per-message loop; stats.depth is the longest.
+        self._backlogs = [(g.backlog, g) for g in self.groups.values()]
+        self._by_id: dict[bytes, tuple[_Group, _Member]] = {}
+        self.sock = bus.sockets.make(zmq.ROUTER, hwm=0, router_mandatory=1)
+        self.endpoint = bind(self.sock, endpoint)
+        # Every send and receive on sock: credits are handled as the loop sees them.
+        self._channel = Channel(self.sock, self._on_message)
+        self._space = asyncio.Event()
+        self._drained = asyncio.Event()
+        # Messages not yet acknowledged by every group, in order; everything up to
+        # ``completed_through`` was. Subscribers of this node wait on it (see Bus.watermark).
+        self._unfinished: collections.deque = collections.deque()
+        self.queued_bytes = 0  # of the messages in _unfinished: bounded by hwm_bytes
+        self.completed_through = 0
+        self.tap = Tap(bus, tap_endpoint(endpoint))
+        self._secret = os.environ.get(SECRET_ENV) or None
+        self._reaper: asyncio.TimerHandle | None = None
+
+    async def send(self, msg) -> None:
+        """Queue ``msg`` for every group; wait while any group's queue is at its bound."""
+        stats = self.stats
+        if stats.depth >= self.hwm or self.queued_bytes >= self.hwm_bytes:
+            await self._wait_for_space()
+        self.seq = seq = self.seq + 1
+        frames = codec.encode(msg, self.bus.instance, seq)
+        record = _Msg(seq, frames, len(self._backlogs))
+        if self._backlogs:
+            self._unfinished.append(record)
+            self.queued_bytes += record.nbytes
+        else:
+            self.completed_through = seq
+        depth = 0
+        for backlog, group in self._backlogs:
+            backlog.append(record)
+            # Pumps run on every change of credit or membership and stop only when the backlog
+            # is empty or no member has credit: a backlog that was not empty has nobody to go to.
+            if len(backlog) == 1:
+                self._pump(group)
+            if len(backlog) > depth:
+                depth = len(backlog)
+        stats.depth = depth
+        stats.sent += 1
+        if self.tap.subscribers:
+            self.tap.mirror(self.topic, frames)
+
+    async def _wait_for_space(self) -> None:
+        started = time.perf_counter()
+        while self._full():
+            self._space.clear()
+            await self._space.wait()
+        self.stats.wait_s += time.perf_counter() - started
+
+    def _full(self) -> bool:
+        """A group's queue is at ``hwm`` messages, or the messages not yet acknowledged by
+        every group reach ``hwm_bytes`` (one message may go past it, so any size can go)."""
+        return self.stats.depth >= self.hwm or self.queued_bytes >= self.hwm_bytes
+
+    def _update_depth(self) -> None:
+        self.stats.depth = max([len(backlog) for backlog, _ in self._backlogs], default=0)
+
+    def pending(self) -> int:
+        return sum(g.pending() for g in self.groups.values())
+
+    async def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every group has acknowledged everything; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.pending():
+            self._drained.clear()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._drained.wait(), remaining)
+            except TimeoutError:
+                return False
+        return True
+
+    def _pump(self, group: _Group) -> None:
+        backlog = group.backlog
+        if not backlog:
+            return
+        members = _with_credit(group)
+        while backlog and members:
+            member = members[next(group.rotation) % len(members)] if len(members) > 1 \
+                else members[0]
+            # An even share of the backlog per member with credit, so replicas still split work.
+            if backlog[0].nbytes > member.credit_bytes and member.inflight:
+                members.remove(member)  # its acknowledgements will make room
+                continue
+            take = min(member.credit, BATCH_MAX, -(-len(backlog) // len(members)))
+            room = min(member.credit_bytes, BATCH_BYTES)
+            record = backlog.popleft()
+            records, nbytes = [record], record.nbytes
+            while len(records) < take and backlog and nbytes + backlog[0].nbytes <= room:
+                record = backlog.popleft()
+                records.append(record)
+                nbytes += record.nbytes
+            try:
+                self._deliver(member, records)
+            except zmq.ZMQError:  # peer vanished between notify and send: treat as gone
+                backlog.extendleft(reversed(records))
+                self._drop_member(member.routing_id)
+                members = _with_credit(group)
+                continue
+            member.inflight.extend(records)
+            member.credit -= len(records)
+            member.credit_bytes -= nbytes
+            if member.credit <= 0 or member.credit_bytes <= 0:
+                members.remove(member)
+        self._update_depth()
+
+    def _deliver(self, member: _Member, records: list) -> None:
+        """Send ``records`` to ``member`` as one delivery (a batch when there are several)."""
+        first = member.delivered + 1
+        member.delivered += len(records)
+        if len(records) == 1:
+            frames = records[0].frames
+            head = _HEAD.pack(_DATA, first) + frames[0]
+            self._channel.send([member.routing_id, head, *frames[1:]] if len(frames) > 1
+                               else [member.routing_id, head])
+            return
+        count = len(records)
+        envelopes = [r.frames[0] for r in records]
+        buffers = [f for r in records if len(r.frames) > 1 for f in r.frames[1:]]
+        table = struct.pack(f"<{2 * count}I", *map(len, envelopes),
+                            *[len(r.frames) - 1 for r in records])
+        head = b"".join([_BATCH_HEAD.pack(_BATCH, first, count), table, *envelopes])
+        # bytes are copied on send; a large head goes in place (it is immutable).
+        self._channel.send([member.routing_id,
+                            memoryview(head) if len(head) >= ZERO_COPY_MIN else head, *buffers])
+
+    def _on_message(self, frames: list) -> None:
+        try:
+            msg = codec.decode(frames[1:]).message
+        except codec.ProtocolError as exc:
+            self.stats.malformed += 1
+            log.warning("%s: malformed control message on %s: %s",
+                        self.bus.instance, self.topic, exc)
+            return
+        self._on_control(frames[0].bytes, msg)
+
+    def drop_instances(self, gone: set[str]) -> None:
+        """The supervisor saw these instances exit: give their unacknowledged messages to
+        the rest of their group (a crashed consumer never says goodbye)."""
+        for routing_id, (_, member) in list(self._by_id.items()):
+            if member is not None and member.instance in gone:
+                self._drop_member(routing_id)
+
+    def _send_ctrl(self, routing_id: bytes, tag: bytes, msg=None) -> None:
+        frames = [routing_id, _CTRL + tag] + (codec.encode(msg) if msg else [])
+        try:
+            self._channel.send(frames)
+        except zmq.ZMQError:
+            self._drop_member(routing_id)
+
+    def _on_control(self, routing_id: bytes, msg) -> None:
+        group, member = self._by_id.get(routing_id, (None, None))
+        if member is not None:
+            member.last_seen = time.monotonic()
+        if isinstance(msg, Join):
+            if self._secret is not None and not hmac.compare_digest(
+                    msg.token.encode(), self._secret.encode()):
+                self.stats.refused += 1
+                log.warning("%s: refused a join of %s to %s as group %s: wrong run secret",
+                            self.bus.instance, msg.instance, self.topic, msg.group)
+                return
+            if member is not None:  # a re-join on the same connection replaces the member
+                self._drop_member(routing_id)
+            group = self.groups.get(msg.group)
+            if group is None:  # a group the graph did not declare
+                group = self.groups[msg.group] = _Group(msg.group, declared=False)
+                self._backlogs.append((group.backlog, group))
+            member = _Member(routing_id, msg.instance, msg.credit, msg.credit_bytes,
+                             last_seen=time.monotonic())
+            group.members[routing_id] = member
+            group.empty_since = None
+            self._by_id[routing_id] = (group, member)
+            log.info("%s: %s joined %s as group %s", self.bus.instance, msg.instance,
+                     self.topic, msg.group)
+            self._start_reaper()
+            self._pump(group)
+        elif member is None:
+            log.warning("%s: control %s from unknown peer on %s", self.bus.instance,
+                        type(msg).__name__, self.topic)
+        elif isinstance(msg, Credit):
+            inflight, freed = member.inflight, 0
+            acked = min(msg.acked, len(inflight))  # credit + in flight stays the window
+            for _ in range(acked):
+                record = inflight.popleft()
+                record.remaining -= 1
+                freed += record.nbytes
+            member.credit += acked
+            member.credit_bytes += freed
+            self._advance()
+            self._pump(group)
+            self._notify_progress()
+        elif isinstance(msg, Leave):
+            member.leaving = True
+            self._send_ctrl(routing_id, _LEAVE_ACK, LeaveAck(self.topic))
+            self._pump(group)
+
+    def _start_reaper(self) -> None:
+        if self._reaper is None:
+            self._reaper = asyncio.get_running_loop().call_later(MEMBER_TIMEOUT_S / 4,
+                                                                 self._reap)
+
+    def _reap(self) -> None:
+        """Drop members silent for MEMBER_TIMEOUT_S, and undeclared groups left empty as long
+        (nobody would ever acknowledge what they hold)."""
+        self._reaper = None
+        now = time.monotonic()
+        for routing_id, (_, member) in list(self._by_id.items()):
+            if now - member.last_seen > MEMBER_TIMEOUT_S:
+                self.stats.evicted += 1
+                log.warning("%s: %s silent on %s for %.0fs; dropping it", self.bus.instance,
+                            member.instance, self.topic, now - member.last_seen)
+                self._drop_member(routing_id)
+        for group in list(self.groups.values()):
+            if not group.declared and not group.members and group.empty_since is not None \
+                    and now - group.empty_since > MEMBER_TIMEOUT_S:
+                self._forget_group(group)
+        if self._by_id or any(not g.declared for g in self.groups.values()):
+            self._start_reaper()
+
+    def _forget_group(self, group: _Group) -> None:
+        log.warning("%s: group %s left %s for good; releasing its %d messages",
+                    self.bus.instance, group.name, self.topic, len(group.backlog))
+        del self.groups[group.name]
+        self._backlogs = [(b, g) for b, g in self._backlogs if g is not group]
+        for record in group.backlog:
+            record.remaining -= 1
+        group.backlog.clear()
+        self._advance()
+        self._update_depth()
+        self._notify_progress()
+
+    def _drop_member(self, routing_id: bytes) -> None:
+        group, member = self._by_id.pop(routing_id, (None, None))
+        if member is None:
+            return
+        del group.members[routing_id]
+        if not group.members and not group.declared:
+            group.empty_since = time.monotonic()
+        if member.inflight:
+            # Back to the front, in order: the next member handles them before newer ones.
+            self.stats.redelivered += len(member.inflight)
+            group.backlog.extendleft(reversed(member.inflight))
+            log.warning("%s: %s left %s with %d unacknowledged messages; redelivering",
+                        self.bus.instance, member.instance, self.topic, len(member.inflight))
+        self._pump(group)
+        self._notify_progress()
+
+    def _advance(self) -> None:
+        unfinished = self._unfinished
+        if unfinished and unfinished[0].remaining <= 0:
+            while unfinished and unfinished[0].remaining <= 0:
+                record = unfinished.popleft()
+                self.completed_through = record.seq
+                self.queued_bytes -= record.nbytes
+            self.bus.on_output_acknowledged()
+
+    def _notify_progress(self) -> None:
+        if not self._full():
+            self._space.set()
+        if not self.pending():
+            self._drained.set()
+
+    def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        # Tell members nothing more is coming, so a draining subscriber need not wait for us.
+        for routing_id in list(self._by_id):
+            self._send_ctrl(routing_id, _LEAVE_ACK, LeaveAck(self.topic))
+        self._channel.close()
+        self.tap.close()
+        self.bus.sockets.close(self.sock)
+
+
+class _Connection:
+    """One DEALER from a reliable subscriber to one publisher endpoint."""
+
+    def __init__(self, sub: ReliableSubscriber, endpoint: str):
+        self.sub, self.endpoint = sub, endpoint
+        self.sock = sub.bus.sockets.make(zmq.DEALER, hwm=0)
+        self.sock.connect(endpoint)
+        self._channel = Channel(self.sock, self._on_message)  # every send and receive on sock
+        self.expected = 1
+        self.unacked = 0  # delivered and not yet acknowledged
+        self.handled = 0  # of those, handed out by recv() and then asked past
+        self.handled_bytes = 0  # their envelopes and array frames
+        self.left = False
+        # The DEALER queues this until the connection is up: no handshake, no sleep.
+        self.send_control(Join(sub.topic, sub.group, sub.bus.instance, sub.window,
+                               sub.window_bytes, os.environ.get(SECRET_ENV, "")))
+        if sub.leaving:
+            self.send_control(Leave(sub.topic))
+
+    def send_control(self, msg) -> None:
+        self._channel.send(codec.encode(msg))
+
+    def ack(self, count: int) -> None:
+        self.unacked -= count
+        self.send_control(Credit(self.sub.topic, count))
+
+    def ack_handled(self) -> None:
+        count, self.handled, self.handled_bytes = self.handled, 0, 0
+        if count and not self.sock.closed:
+            self.ack(count)
+
+    def _on_message(self, frames: list) -> None:
+        # Only the head frame is small (copied): the rest are large arrays, left in place.
+        self._on_frames(frames[0].bytes, frames)
+        self.sub._wake()
+
+    def _on_frames(self, head: bytes, frames: list) -> None:
+        sub = self.sub
+        if head[:1] == _CTRL:
+            if head[1:] == _LEAVE_ACK:
+                self.left = True
+            return
+        if head[:1] == _BATCH:
+            self._on_batch(head, frames)
+            return
+        if head[:1] != _DATA or len(head) < _HEAD.size:
+            sub.stats.malformed += 1
+            log.warning("%s: dropped badly framed message on %s", sub.bus.instance, sub.topic)
+            self.ack(1)  # it took a credit: give it back so the publisher is not starved
+            return
+        delivery = _U64.unpack_from(head, 1)[0]
+        if delivery != self.expected:
+            sub.stats.gaps += abs(delivery - self.expected)
+            log.error("%s: gap on %s from %s: expected %d, got %d", sub.bus.instance,
+                      sub.topic, self.endpoint, self.expected, delivery)
+        self.expected = delivery + 1
+        self.unacked += 1
+        try:
+            if len(frames) == 1:
+                envelope = codec.decode([head], _HEAD.size)
+                nbytes = len(head) - _HEAD.size
+            else:
+                envelope = codec.decode([head, *frames[1:]], _HEAD.size)
+                nbytes = len(head) - _HEAD.size + sum(map(len, frames[1:]))
+        except codec.ProtocolError as exc:
+            sub.stats.malformed += 1
+            log.warning("%s: dropped malformed message on %s: %s", sub.bus.instance,
+                        sub.topic, exc)
+            self.ack(1)
+            return
+        sub._queue.append((self, envelope, nbytes))
+
+    def _on_batch(self, head: bytes, frames) -> None:
+        """Unpack a batch delivery (layout at ``_BATCH_HEAD``) into the queue, in order."""
+        sub = self.sub
+        if len(head) < _BATCH_HEAD.size:
+            sub.stats.malformed += 1
+            log.warning("%s: dropped badly framed batch on %s", sub.bus.instance, sub.topic)
+            self.ack(1)
+            return
+        _, first, count = _BATCH_HEAD.unpack_from(head)
+        # More messages than the credit we ever grant is a lie: count the batch as one message.
+        sane = 1 <= count <= sub.window
+        messages = count if sane else 1
+        if first != self.expected:
+            sub.stats.gaps += abs(first - self.expected)
+            log.error("%s: gap on %s from %s: expected %d, got %d", sub.bus.instance,
+                      sub.topic, self.endpoint, self.expected, first)
+        self.expected = first + messages
+        self.unacked += messages
+        table_end = _BATCH_HEAD.size + 8 * count
+        if sane and len(head) >= table_end:
+            table = struct.unpack_from(f"<{2 * count}I", head, _BATCH_HEAD.size)
+            lengths, buffer_counts = table[:count], table[count:]
+            sane = (table_end + sum(lengths) == len(head)
+                    and sum(buffer_counts) == len(frames) - 1)
+        else:
+            sane = False
+        if not sane:
+            # Every message in it took a credit: give them all back.
+            sub.stats.malformed += messages
+            log.warning("%s: dropped a badly framed batch of %d on %s", sub.bus.instance,
+                        messages, sub.topic)
+            self.ack(messages)
+            return
+        decode, append, alone = codec.decode, sub._queue.append, [head]
+        start, frame, bad = table_end, 1, 0
+        for length, buffers in zip(lengths, buffer_counts, strict=True):
+            end = start + length
+            try:
+                if buffers:
+                    arrays = frames[frame:frame + buffers]
+                    frame += buffers
+                    append((self, decode([head, *arrays], start, end),
+                            length + sum(map(len, arrays))))
+                else:
+                    append((self, decode(alone, start, end), length))
+            except codec.ProtocolError as exc:
+                bad += 1
+                log.warning("%s: dropped malformed message on %s: %s", sub.bus.instance,
+                            sub.topic, exc)
+            start = end
+        if bad:
+            sub.stats.malformed += bad
+            self.ack(bad)
+
+    def close(self) -> None:
+        self._channel.close()
+        self.sub.bus.sockets.close(self.sock)
+
+
+class ReliableSubscriber:
+    """Consumes a reliable topic from every publisher of it, as a member of ``group``.
+
+    ``recv()`` returns the next :class:`codec.Envelope`; asking for the next message acknowledges
+    the previous one, so a message counts as handled only once its consumer came back for more.
+    After :meth:`leave`, ``recv()`` returns None once every publisher confirmed that nothing more
+    is coming and everything already delivered was returned.
+    """
+
+    def __init__(self, bus: Bus, topic: str, window: int, window_bytes: int):
+        self.bus, self.topic, self.group = bus, topic, bus.group
+        self.window, self.window_bytes = window, window_bytes  # credit per publisher
+        self.stats = TopicStats()
+        self.connections: dict[str, _Connection] = {}
+        # (connection, envelope, bytes) delivered and not yet handed out
+        self._queue: collections.deque = collections.deque()
+        self._event = asyncio.Event()
+        self._last: _Connection | None = None  # the message handed out last, and its bytes
+        self._last_bytes = 0
+        self._to_ack: set[_Connection] = set()  # connections with handled messages
+        # Handled messages whose outputs are not yet acknowledged downstream:
+        # (connection, watermark, bytes) in order; see Bus.watermark.
+        self._waiting: collections.deque = collections.deque()
+        self._ack_batch = max(1, window // 4)
+        self._ack_bytes = max(1, window_bytes // 4)
+        self._ack_timer: asyncio.TimerHandle | None = None
+        self._keepalive: asyncio.TimerHandle | None = None
+        self.leaving = False
+
+    def set_endpoints(self, endpoints: list[str]) -> None:
+        for endpoint in endpoints:
+            if endpoint not in self.connections:
+                self.connections[endpoint] = _Connection(self, endpoint)
+        for endpoint in list(self.connections):
+            if endpoint not in endpoints:
+                self.connections.pop(endpoint).close()
+        self._ensure_keepalive()
+        self._wake()
+
+    def _ensure_keepalive(self) -> None:
+        if self._keepalive is None and self.connections:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # wired outside a loop: recv() starts it
+                return
+            self._keepalive = loop.call_later(KEEPALIVE_S, self._keep_alive)
+
+    def _keep_alive(self) -> None:
+        """Tell every publisher we are still here (see MEMBER_TIMEOUT_S): a member may hold
+        credit or messages for long while its node is busy or its input idle."""
+        self._keepalive = None
+        for conn in self.connections.values():
+            if not conn.left and not conn.sock.closed:
+                conn.send_control(Credit(self.topic, 0))
+        self._ensure_keepalive()
+
+    def _wake(self) -> None:
+        self._event.set()
+
+    def _ack_previous(self, threshold: int | None = None) -> None:
+        """Return credit in batches of a quarter window, in messages or in bytes (one Credit
+        message per message would cost the publisher as much as the data). Whatever stays
+        below that is sent by :meth:`_flush_acks` if we go idle, like TCP's delayed ACK, so a
+        publisher waiting for its last acknowledgements is never stuck."""
+        conn = self._last
+        if conn is not None:
+            self._last = None
+            watermark = self.bus.watermark()
+            if watermark or self._waiting:
+                # End to end: what this node published while handling the message must be
+                # acknowledged downstream before the message is, or a crash here would lose it.
+                self._waiting.append((conn, watermark, self._last_bytes))
+                conn = self._release()
+            else:
+                conn.handled += 1
+                conn.handled_bytes += self._last_bytes
+                self._to_ack.add(conn)
+        if threshold is None:  # only the last connection's count moved
+            if conn is not None and (conn.handled >= self._ack_batch
+                                     or conn.handled_bytes >= self._ack_bytes):
+                self._to_ack.discard(conn)
+                conn.ack_handled()
+            return
+        for conn in [c for c in self._to_ack
+                     if c.handled >= threshold or c.handled_bytes >= self._ack_bytes]:
+            self._to_ack.discard(conn)
+            conn.ack_handled()
+
+    def _release(self):
+        """Count the waiting messages whose outputs are now acknowledged; return the last
+        connection that got one (for the batch check), or None."""
+        waiting, conn = self._waiting, None
+        while waiting and all(pub.completed_through >= seq for pub, seq in waiting[0][1]):
+            conn, _, nbytes = waiting.popleft()
+            conn.handled += 1
+            conn.handled_bytes += nbytes
+            self._to_ack.add(conn)
+        return conn
+
+    def on_output_acknowledged(self) -> None:
+        if self._waiting and self._release() is not None:
+            self._ack_previous(threshold=self._ack_batch)
+            self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if self._to_ack and self._ack_timer is None:
+            self._ack_timer = asyncio.get_running_loop().call_later(ACK_DELAY_S,
+                                                                    self._flush_acks)
+
+    def _flush_acks(self) -> None:
+        self._ack_timer = None
+        self._ack_previous(threshold=1)
+
+    async def recv(self) -> codec.Envelope | None:
+        if self._last is not None:
+            self._ack_previous()
+        queue = self._queue
+        while not queue:
+            if self._keepalive is None:
+                self._ensure_keepalive()
+            if self.leaving:
+                self._ack_previous(threshold=1)
+                if all(c.left for c in self.connections.values()):
+                    return None
+            self._schedule_flush()
+            self._event.clear()
+            await self._event.wait()
+        self._last, envelope, self._last_bytes = queue.popleft()
+        stats = self.stats
+        stats.received += 1
+        stats.depth = len(queue)
+        return envelope
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> codec.Envelope:
+        # recv()'s path for a message that is already here, without a second coroutine.
+        if self._last is not None:
+            self._ack_previous()
+        queue = self._queue
+        if queue:
+            self._last, envelope, self._last_bytes = queue.popleft()
+            stats = self.stats
+            stats.received += 1
+            stats.depth = len(queue)
+            return envelope
+        envelope = await self.recv()
+        if envelope is None:
+            raise StopAsyncIteration
+        return envelope
+
+    def leave(self) -> None:
+        """Ask every publisher to stop sending to us; ``recv`` ends once drained."""
+        if self.leaving:
+            return
+        self.leaving = True
+        for conn in self.connections.values():
+            conn.send_control(Leave(self.topic))
+        self._wake()
+
+    def close(self) -> None:
+        self._ack_previous(threshold=1)
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        for conn in self.connections.values():
+            conn.close()
+        self.connections.clear()

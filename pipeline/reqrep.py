@@ -1,0 +1,221 @@
+"""Request/reply: a server binds a ROUTER, clients connect a DEALER per server and match
+replies to requests by id, with timeouts. Both ends run on a :class:`~pipeline.channel.Channel`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import struct
+import time
+from typing import TYPE_CHECKING
+
+import zmq
+
+from pipeline import codec
+from pipeline.channel import Channel
+from pipeline.sockets import bind
+from pipeline.topics import TopicStats
+
+if TYPE_CHECKING:
+    from pipeline.bus import Bus
+
+log = logging.getLogger(__name__)
+
+_U64 = struct.Struct("<Q")
+
+
+class Request:
+    """A request received by a :class:`ServiceServer`; answer it with :meth:`reply`."""
+
+    __slots__ = ("server", "routing_id", "request_id", "envelope")
+
+    def __init__(self, server, routing_id, request_id, envelope):
+        self.server, self.routing_id = server, routing_id
+        self.request_id, self.envelope = request_id, envelope
+
+    @property
+    def message(self):
+        return self.envelope.message
+
+    async def reply(self, msg) -> None:
+        """Send the reply now (a ROUTER with no high-water mark never blocks on send)."""
+        self.server.send_reply(self, msg)
+
+
+class ServiceServer:
+    """Answers requests from every client of a service. The socket is driven by a
+    :class:`~pipeline.channel.Channel`: requests are parsed as they arrive and queued, replies
+    go out at once (the env runners wait on this round trip every step)."""
+
+    def __init__(self, bus: Bus, service: str, endpoint: str):
+        self.bus, self.service = bus, service
+        self.stats = TopicStats()
+        self.sock = bus.sockets.make(zmq.ROUTER, hwm=0)
+        self.endpoint = bind(self.sock, endpoint)
+        self._waiting: collections.deque[Request] = collections.deque()
+        self._wakeup: asyncio.Future | None = None
+        self._channel: Channel | None = None  # made on first use, inside the running loop
+
+    def _ensure_channel(self) -> None:
+        if self._channel is None:
+            self._channel = Channel(self.sock, self._on_message)
+
+    async def recv(self) -> Request:
+        self._ensure_channel()
+        while not self._waiting:
+            self._wakeup = asyncio.get_running_loop().create_future()
+            try:
+                await self._wakeup
+            finally:
+                self._wakeup = None
+        return self._waiting.popleft()
+
+    def recv_nowait(self) -> Request | None:
+        """A request that is already waiting, or None (for batching requests together)."""
+        self._ensure_channel()
+        return self._waiting.popleft() if self._waiting else None
+
+    def send_reply(self, request: Request, msg) -> None:
+        self._channel.send([request.routing_id, request.request_id,
+                            *codec.encode(msg, self.bus.instance)])
+
+    def _on_message(self, frames) -> None:
+        request = self._parse(frames)
+        if request is not None:
+            self._waiting.append(request)
+            if self._wakeup is not None and not self._wakeup.done():
+                self._wakeup.set_result(None)
+
+    def _parse(self, frames) -> Request | None:
+        if len(frames) < 3:
+            self.stats.malformed += 1
+            return None
+        try:
+            envelope = codec.decode(frames[2:])
+        except codec.ProtocolError as exc:
+            self.stats.malformed += 1
+            log.warning("%s: malformed request on %s: %s", self.bus.instance, self.service, exc)
+            return None
+        self.stats.received += 1
+        return Request(self, frames[0].bytes, frames[1].bytes, envelope)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> Request:
+        return await self.recv()
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self.bus.sockets.close(self.sock)
+
+
+class ServerGone(TimeoutError):
+    """The server a request went to exited before replying (a TimeoutError, so callers that
+    retry on timeouts retry on this too, only sooner)."""
+
+
+class ServiceClient:
+    """Sends requests round-robin over every server of a service; replies matched by id.
+
+    A pending request is a plain future with a timer, not a task: the env runner makes one per
+    step of its environments, and tasks and ``wait_for`` cost more than the round trip."""
+
+    def __init__(self, bus: Bus, service: str):
+        self.bus, self.service = bus, service
+        self.stats = TopicStats()
+        self._conns: dict[str, tuple[zmq.asyncio.Socket, Channel]] = {}
+        self._pending: dict[bytes, asyncio.Future] = {}
+        self._sent_to: dict[bytes, str] = {}  # request id -> endpoint it went to
+        self._ids = itertools.count(1)
+        self._rotation = itertools.count()
+        self._available = asyncio.Event()
+
+    @property
+    def connections(self) -> dict[str, zmq.asyncio.Socket]:
+        return {endpoint: sock for endpoint, (sock, _) in self._conns.items()}
+
+    def set_endpoints(self, endpoints: list[str]) -> None:
+        for endpoint in endpoints:
+            if endpoint not in self._conns:
+                sock = self.bus.sockets.make(zmq.DEALER, hwm=0)
+                sock.connect(endpoint)
+                self._conns[endpoint] = (sock, Channel(sock, self._on_reply))
+        for endpoint in list(self._conns):
+            if endpoint not in endpoints:
+                sock, channel = self._conns.pop(endpoint)
+                channel.close()
+                self.bus.sockets.close(sock)
+                self._fail_requests_to(endpoint)
+        if self._conns:
+            self._available.set()
+        else:
+            self._available.clear()
+
+    def _fail_requests_to(self, endpoint: str) -> None:
+        """The server behind ``endpoint`` is gone: its pending requests fail now, not at their
+        timeout, so callers can ask a replacement at once."""
+        for request_id, sent_to in list(self._sent_to.items()):
+            future = self._pending.get(request_id)
+            if sent_to == endpoint and future is not None and not future.done():
+                future.set_exception(ServerGone(
+                    f"server of {self.service!r} at {endpoint} went away"))
+
+    def _on_reply(self, frames) -> None:
+        future = self._pending.get(frames[0].bytes)
+        if future is None or future.done():
+            return  # reply to a request that timed out
+        try:
+            future.set_result(codec.decode(frames[1:]))
+        except codec.ProtocolError as exc:
+            self.stats.malformed += 1
+            future.set_exception(exc)
+
+    async def request(self, msg, timeout: float = 30.0) -> codec.Envelope:
+        """Send ``msg`` to one server and wait for its reply; TimeoutError after ``timeout``."""
+        if not self._available.is_set():
+            deadline = time.monotonic() + timeout
+            await asyncio.wait_for(self._available.wait(), timeout)
+            timeout = max(0.0, deadline - time.monotonic())
+        return await self.submit(msg, timeout)
+
+    def submit(self, msg, timeout: float = 30.0) -> asyncio.Future:
+        """Send ``msg`` now (needs a connected server) and return a future of the reply; it
+        fails with TimeoutError after ``timeout`` seconds, or ServerGone if the server exits.
+
+        For prefetching: the request is on its way before the caller goes on to other work.
+        """
+        if not self._conns:
+            raise TimeoutError(f"no server for service {self.service!r}")
+        endpoints = list(self._conns)
+        endpoint = endpoints[next(self._rotation) % len(endpoints)]
+        request_id = _U64.pack(next(self._ids))
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._pending[request_id] = future
+        self._sent_to[request_id] = endpoint
+        timer = loop.call_later(timeout, self._time_out, future, timeout)
+        future.add_done_callback(lambda _: self._forget(request_id, timer))
+        self.stats.sent += 1
+        self._conns[endpoint][1].send([request_id, *codec.encode(msg, self.bus.instance)])
+        return future
+
+    def _time_out(self, future: asyncio.Future, timeout: float) -> None:
+        if not future.done():
+            future.set_exception(TimeoutError(
+                f"no reply from service {self.service!r} within {timeout:.0f}s"))
+
+    def _forget(self, request_id: bytes, timer: asyncio.TimerHandle) -> None:
+        timer.cancel()
+        self._pending.pop(request_id, None)
+        self._sent_to.pop(request_id, None)
+
+    def close(self) -> None:
+        for sock, channel in self._conns.values():
+            channel.close()
+            self.bus.sockets.close(sock)
+        self._conns.clear()

@@ -1,0 +1,112 @@
+"""Graph mistakes in RL graphs caught at load (issue 9 items 1-2): one line naming the file's
+line and the key, before any process starts. Each case edits a shipped graph by one setting."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import nodes  # noqa: F401 - registers the node kinds and their graph checks
+from nodes._algorithm_config import ON_POLICY
+from pipeline import graph as graphlib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DQN = os.path.join(REPO, "graphs", "dqn_cartpole.yaml")
+PPO = os.path.join(REPO, "graphs", "ppo_cartpole.yaml")
+
+
+def edited(tmp_path, source: str, old: str, new: str) -> str:
+    with open(source) as f:
+        text = f.read()
+    assert old in text, old
+    path = tmp_path / "graph.yaml"
+    path.write_text(text.replace(old, new, 1))
+    return str(path)
+
+
+def error(path: str, *overrides: str) -> str:
+    with pytest.raises(graphlib.GraphError) as info:
+        graphlib.load(path, overrides)
+    return str(info.value)
+
+
+def line_of(path: str, text: str) -> int:
+    with open(path) as f:
+        return next(i for i, line in enumerate(f, 1) if text in line)
+
+
+def test_misspelled_hyperparameter_is_caught_at_its_line(tmp_path):
+    path = edited(tmp_path, DQN, "  gamma: 0.99", "  gamam: 0.99")
+    message = error(path)
+    assert f":{line_of(path, 'gamam')}: " in message
+    assert "algorithm.gamam: unknown key" in message
+
+
+def test_wrong_type_in_the_algorithm_is_caught(tmp_path):
+    path = edited(tmp_path, DQN, "  learning_rate: 0.001", "  learning_rate: fast")
+    assert "algorithm.learning_rate: expected a number" in error(path)
+
+
+def test_yaml_12_numbers_reach_the_algorithm_as_numbers(tmp_path):
+    path = edited(tmp_path, DQN, "  learning_rate: 0.001", "  learning_rate: 1e-3")
+    graph = graphlib.load(path)
+    from nodes._algorithm_config import typed_algorithm
+
+    assert typed_algorithm(graph.configs["learner"]).learning_rate == 0.001
+
+
+def test_learner_without_sample_is_refused(tmp_path):
+    path = edited(tmp_path, DQN, "calls: [sample, learner_state]", "calls: [learner_state]")
+    assert "nodes.learner.calls: kind 'learner' must call 'sample'" in error(path)
+
+
+def test_on_policy_learner_needs_trajectories(tmp_path):
+    path = edited(tmp_path, PPO, "    subscribes: [trajectories]\n    calls: [learner_state]",
+                  "    calls: [learner_state]")
+    assert "must subscribe 'trajectories'" in error(path) or \
+        "must subscribe to 'trajectories'" in error(path)
+
+
+def test_prioritized_learner_needs_prioritized_replay(tmp_path):
+    path = edited(tmp_path, DQN, "    publishes: [params, metrics]",
+                  "    publishes: [params, metrics, priorities]")
+    path = edited(tmp_path, path, "      publish_params_every: 16",
+                  "      publish_params_every: 16\n      prioritized: true")
+    path = edited(tmp_path, path, "    subscribes: [experience]",
+                  "    subscribes: [experience, priorities]")
+    path = edited(tmp_path, path, "  params: {delivery: latest, hwm: 4}",
+                  "  params: {delivery: latest, hwm: 4}\n  priorities: {delivery: reliable}")
+    message = error(path)
+    assert "nodes.learner.config.prioritized: is true but replay_store 'replay_store' has " \
+           "prioritized_sampling: false" in message
+    assert f":{line_of(path, 'prioritized: true')}: " in message
+
+
+@pytest.mark.parametrize("override,expected", [
+    ("nodes.evaluator.config.env_id=CartPole-v0",
+     "nodes.evaluator.config.env_id: 'CartPole-v0' differs from node 'env_runner'"),
+    ("nodes.unroller.config.env_id=CartPol-v1", "unknown environment id 'CartPol-v1'"),
+    ("nodes.learner.config.env_kwargs={max_episode_steps: 100}",
+     "nodes.learner.config.env_kwargs: {'max_episode_steps': 100} differs from node "
+     "'env_runner'"),
+])
+def test_environments_must_agree_and_resolve(override, expected):
+    assert expected in error(DQN, override)
+
+
+def test_run_py_check_prints_one_line_and_exits_2(tmp_path):
+    path = edited(tmp_path, DQN, "  gamma: 0.99", "  gamam: 0.99")
+    result = subprocess.run([sys.executable, "run.py", "check", path], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "gamam" in result.stderr
+
+
+def test_on_policy_table_matches_the_algorithms():
+    import algorithms.registry as registry
+
+    for name in registry.algorithm_names():
+        assert (name in ON_POLICY) == registry.algorithm_class(name).on_policy, name

@@ -1,0 +1,97 @@
+"""A learner swapped or killed in a running graph continues where the old one was.
+
+Issue 11 item 4: a swapped learner used to start from scratch (version 1, evaluation from ~240
+to ~9), and a restarted one published versions the unroller ignored. These run the real
+multi-process DQN-CartPole graph.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+import nodes.messages  # noqa: F401 - registers the RL message types for the taps
+from tests.pipeline_harness import ROOT, LiveRun
+
+GRAPH = os.path.join(ROOT, "graphs", "dqn_cartpole.yaml")
+# No early stop: the run must still be going when the learner is replaced.
+LONG = ("nodes.evaluator.config.stop_at_return=null", "nodes.learner.config.num_env_steps=80000")
+
+
+@pytest.fixture
+def run(tmp_path):
+    live = LiveRun(str(tmp_path / "run"), GRAPH, *LONG)
+    yield live
+    live.kill()
+
+
+def _evals(run: LiveRun) -> list[dict]:
+    return [m for m in run.metrics() if "eval/return" in m]
+
+
+def _trained(m) -> bool:
+    """A trained network, past the exploration schedule (8k steps)."""
+    return m.values.get("eval/return", 0) >= 150 and m.env_steps >= 10_000
+
+
+def _learner_versions(run: LiveRun) -> list[int]:
+    return [m["learner/version"] for m in run.metrics() if "learner/version" in m]
+
+
+@pytest.mark.timeout(900)
+def test_swapped_learner_continues_from_the_old_ones_state(run):
+    run.wait_ready()
+    before = run.wait_for_message("metrics", _trained, timeout_s=600)
+    old = run.command("status")["nodes"]["learner.0"]
+    # The sink may not have written the evaluation just seen on the tap yet.
+    last_before = max([before.values, *_evals(run)], key=lambda m: m["eval/version"])
+    reply = run.command("swap", node="learner", set=["mini_batch_size=128"], timeout=300)
+    assert reply["swapped"] == ["learner.0"]
+    assert run.command("status")["nodes"]["learner.0"]["incarnation"] != old["incarnation"]
+    # The old learner is stopped once the swap answers: what the learner reports now is the
+    # new one's. Its version count goes on from the old one's (it restarted at 1 before).
+    reported = run.wait_for_message("metrics", lambda m: "learner/version" in m.values)
+    first_new = reported.values["learner/version"]
+    assert first_new > max(old["status"]["version"], last_before["eval/version"])
+    after = run.wait_for_message(
+        "metrics", lambda m: m.values.get("eval/version", -1) >= first_new, timeout_s=300)
+    # Within noise of the last evaluation before the swap: an untrained network scores ~9.
+    assert after.values["eval/return"] >= 0.5 * last_before["eval/return"], \
+        (last_before, after.values)
+    assert after.values["eval/return"] >= 75
+    run.interrupt()
+    assert run.finish(300) == 0, run.stderr
+    versions = _learner_versions(run)
+    assert versions == sorted(versions), versions
+    assert run.summary()["nodes"]["learner.0"]["restarts"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_killed_learner_restarts_from_the_checkpoint_and_the_unroller_follows_it(tmp_path):
+    run = LiveRun(str(tmp_path / "run"), GRAPH, *LONG, "nodes.checkpointer.config.interval_s=5")
+    try:
+        run.wait_ready()
+        run.wait_for_message("metrics", _trained, timeout_s=600)
+        checkpoints = os.path.join(run.run_dir, "checkpoints")
+        run.wait_for_message("metrics", lambda m: os.path.isdir(checkpoints) and any(
+            n.startswith("ckpt-") for n in os.listdir(checkpoints)), timeout_s=120)
+        killed = run.command("status")["nodes"]["learner.0"]["status"]
+        os.kill(run.command("status")["nodes"]["learner.0"]["pid"], signal.SIGKILL)
+        # Metrics arrive several times a second: each is a moment to look at the supervisor.
+        run.wait_for_message("metrics", lambda m: run.command("status")["nodes"]["learner.0"][
+            "restarts"] == 1)
+        run.wait_ready("learner")
+        # The restarted learner reports: its version line went back to the checkpoint's, under
+        # a new epoch; the unroller follows it at once (it used to wait for a newer version).
+        run.wait_for_message("metrics", lambda m: "learner/version" in m.values)
+        after = run.wait_for_message("metrics", lambda m: "eval/return" in m.values)
+        nodes = run.command("status")["nodes"]
+        learner, unroller = nodes["learner.0"]["status"], nodes["unroller.0"]["status"]
+        assert learner["epoch"] > killed["epoch"]
+        assert unroller["epoch"] == learner["epoch"], (unroller, learner)
+        assert after.values["eval/return"] >= 75, after.values
+    finally:
+        run.kill()
