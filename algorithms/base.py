@@ -169,7 +169,8 @@ class RLAlgorithm(nn.Module):
             discount=to_tensor(exp.discount, self.device, torch.float32),
             observation=self._obs(exp.observation),
             prev_action=(),
-            env_id=(),
+            # Kept where present: an on-policy frame stacker follows each env across unrolls.
+            env_id=() if _empty(exp.env_id) else to_tensor(exp.env_id, self.device),
             action=self._action_in(exp.action),
             rollout_info={k: to_tensor(v, self.device) for k, v in (exp.rollout_info or {}).items()},
         )
@@ -299,6 +300,10 @@ class RLAlgorithm(nn.Module):
         tb, sb = list(target.buffers()), list(source.buffers())
         if tb:
             torch._foreach_copy_(tb, sb)
+
+
+def _empty(x) -> bool:
+    return x is None or (isinstance(x, tuple) and x == ())
 
 
 def _to_cpu(x):

@@ -113,8 +113,8 @@ class _Common:
     encoder: Encoder = _f("mlp", "observation encoder: mlp (flatten), nature_cnn, impala "
                                  "(residual) or minatar_cnn (one 3x3 conv); images are "
                                  "scaled inside the network")
-    image_layout: ImageLayout = _f("auto", "image axis order: hwc, chw or auto (chw when the "
-                                           "first axis is the smallest)")
+    image_layout: ImageLayout = _f("auto", "image axis order: hwc, chw or auto (chw unless "
+                                           "the first axis is larger than the last)")
     data_transformers: list = _f([], "list of {name: ..., <options>}: "
                                      + ", ".join(TRANSFORMER_CONFIGS))
 

@@ -83,7 +83,8 @@ def test_every_algorithm_trains_on_images_with_every_encoder(name, act_space, en
 
 def test_image_layouts():
     assert image_layout((84, 84, 4)) == "hwc" and image_layout((4, 84, 84)) == "chw"
-    assert image_layout((10, 10, 10)) == "hwc" and image_layout((84, 84)) == "hw"
+    assert image_layout((10, 10, 10)) == "chw" and image_layout((84, 84)) == "hw"
+    assert image_layout((10, 10, 4)) == "hwc" and image_layout((1, 84, 84)) == "chw"
     assert image_layout((4,)) is None and image_layout((4, 84, 84), "hwc") == "hwc"
     assert chw_shape((84, 84, 4)) == (4, 84, 84) and chw_shape((84, 84)) == (1, 84, 84)
     with pytest.raises(ValueError, match="image observation"):
