@@ -82,7 +82,9 @@ class RewardNormalizerConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class FrameStackerConfig:
-    """Stack the last ``stack_size`` observations (a FIRST step starts a fresh stack)."""
+    """Stack the last ``stack_size`` observations (a FIRST step starts a fresh stack). List it
+    before an observation normalizer: on-policy, the learner recognizes the frame an unroll
+    continues from by its raw value."""
 
     name: Literal["frame_stacker"] = _f("frame_stacker", "transformer name")
     stack_size: int = _f(4, "number of frames in a stack", minimum=1)
