@@ -577,6 +577,11 @@ class ReplayBuffer(RingBuffer):
     def load_state_dict(self, state: dict) -> None:
         if state.get("enable_checkpoint") is False:
             return
+        if len(state["controls"]) != len(self.controls):
+            raise ValueError(
+                f"the saved buffer had {len(state['controls'])} controls and this one has "
+                f"{len(self.controls)}: restore it with the same replay controls"
+            )
         super().load_state_dict(state)
         self.slot_info.load_state_dict(state["slot_info"])
         if self.episodes is not None:
