@@ -278,8 +278,8 @@ class ReplayStore:
         if b is None:
             return {}
         return {"backend": b.backend.name, "controls": sorted(self.controls),
-                "prioritized": b._prioritized_sampling, "episodic": b.episodes is not None,
-                "num_earliest_frames_ignored": b.sampler.num_earliest_frames_ignored,
+                "prioritized": b.prioritized_sampling, "episodic": b.episodes is not None,
+                "num_earliest_frames_ignored": b.num_earliest_frames_ignored,
                 "ere": self.ere is not None, "sample_range": self.config.sample_range,
                 "nstep": self.config.nstep, "frame_stack": self.config.frame_stack,
                 "frame_shape": list(b.data_spec[self.config.frame_field].shape)

@@ -368,6 +368,14 @@ class ReplayBuffer(RingBuffer):
         return torch.tensor(self.sampler.initial_priority, dtype=torch.float32)
 
     @property
+    def prioritized_sampling(self) -> bool:
+        return self._prioritized_sampling
+
+    @property
+    def num_earliest_frames_ignored(self) -> int:
+        return self._num_earliest_frames_ignored
+
+    @property
     def num_sampleable(self) -> int:
         """Start positions that may be sampled for the current ``batch_length``."""
         return self.sampler.num_valid()
