@@ -400,6 +400,7 @@ class ReplayBuffer(RingBuffer):
                 get_field(batch, "discount"),
                 get_field(batch, "reward"),
             )
+        self.sampler.prepare(claim.slots)
         self.writer.commit(claim)
         self.sampler.on_write(claim.env_ids, claim.positions)
         pos = claim.positions
