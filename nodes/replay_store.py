@@ -227,6 +227,7 @@ class ReplayStore:
         self.ere = ERE(config.ere_eta, config.ere_cmin) if config.ere_eta is not None else None
         self.sample_requests = 0  # served, for ERE's round
         self.last_sample: dict = {}  # per-sample figures published as metrics
+        self._warned = False
         self.limiter = RateLimiter(config.samples_per_insert, config.spi_tolerance,
                                    config.min_size_to_sample)
         self.pending: collections.deque = collections.deque()  # sample requests that wait
@@ -329,6 +330,9 @@ class ReplayStore:
     def sample(self, req) -> SampleBatch:
         """Draw ``req``'s batch, or raise ``NothingToSample`` (the request should wait)."""
         version = req.learner_version if req.learner_version >= 0 else None
+        if version is None and self.config.max_staleness is not None and not self._warned:
+            self._warned = True
+            log.warning("sample requests carry no learner_version: max_staleness is not applied")
         data, info = self.buffer.get_batch(req.batch_size, req.batch_length,
                                            sample_range=self._sample_range(),
                                            learner_iter=version)
