@@ -1,7 +1,8 @@
 """RL algorithms (PyTorch) with ALF's interface; nothing here knows about ZeroMQ or pipeline/.
 
-Entry points: :func:`make` (algorithms by name), :func:`make_transformer` (data transformers),
-and the data conventions in :mod:`algorithms.data`.
+Entry points: :mod:`algorithms.configs` (``parse``/``config_class``: typed, checked algorithm
+configs, no torch), :func:`make` (the algorithm a config describes), :func:`make_transformer`
+(data transformers), and the data conventions in :mod:`algorithms.data`.
 
 The names below load on first use (PEP 562), so that importing a torch-free submodule such as
 :mod:`algorithms.steps` (what an env runner needs) does not import torch.
@@ -26,6 +27,8 @@ def make_transformer(name: str, observation_space=None, **kwargs):
 
 
 def __getattr__(name: str):
+    if name == "configs":
+        return importlib.import_module("algorithms.configs")
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'algorithms' has no attribute {name!r}")

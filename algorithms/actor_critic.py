@@ -73,7 +73,7 @@ class ActorCriticAlgorithm(RLAlgorithm):
     @torch.no_grad()
     def rollout_step(self, time_step: TimeStep, state=()) -> AlgStep:
         obs = self._policy_input(time_step)
-        self.rollout_env_steps += obs.shape[0]
+        self._count_env_steps(obs.shape[0])
         return AlgStep(output=self.actor_network(obs).sample(), state=state, info={})
 
     def train_step(self, experience: Experience, state=()) -> AlgStep:

@@ -29,6 +29,7 @@ from torch import nn
 from algorithms.data import AlgStep, Experience, LossInfo, TimeStep, TrainResult, to_tensor
 from algorithms.data_transformer import SequentialDataTransformer, from_configs
 from algorithms.losses import importance_weighted_mean
+from algorithms.optim import FusedAdam
 
 
 class RLAlgorithm(nn.Module):
@@ -81,24 +82,48 @@ class RLAlgorithm(nn.Module):
         # Counters are buffers so they travel with state_dict() / checkpoints.
         self.register_buffer("train_steps", torch.zeros((), dtype=torch.int64))
         self.register_buffer("rollout_env_steps", torch.zeros((), dtype=torch.int64))
+        # Python mirrors of the two counters: schedules read them every update and every step
+        # without a device-to-host copy (refreshed by load_state_dict).
+        self._num_updates = 0
+        self._env_steps = 0
         self._optimizer_specs: dict[str, tuple[list, float, dict]] = {}
-        self._optimizers: dict | None = None  # name -> FusedAdam or torch.optim.Adam
+        self._optimizers: dict | None = None  # name -> optimizer (a group of _fused, or Adam)
+        self._fused: FusedAdam | None = None
 
     # ----- construction helpers -------------------------------------------------------------
     def _add_optimizer(self, name: str, params, lr: float, **kwargs) -> None:
         """Declare an Adam optimizer over ``params``; it is built on first use (see
         :attr:`optimizers`)."""
         self._optimizer_specs[name] = (list(params), lr, kwargs)
-        self._optimizers = None
+        self._optimizers, self._fused = None, None
 
     @property
     def optimizers(self) -> dict:
         """The optimizers, built when first needed: a process that only acts (the unroller,
         the evaluator) never allocates their state."""
         if self._optimizers is None:
-            self._optimizers = {name: _adam(params, lr, kwargs)
-                                for name, (params, lr, kwargs) in self._optimizer_specs.items()}
+            self._optimizers, self._fused = _adam(self._optimizer_specs)
         return self._optimizers
+
+    @property
+    def num_updates(self) -> int:
+        """Gradient updates made (``train_steps`` as a Python int)."""
+        return self._num_updates
+
+    @property
+    def env_steps(self) -> int:
+        """Env steps seen by ``rollout_step`` (``rollout_env_steps`` as a Python int)."""
+        return self._env_steps
+
+    def _count_env_steps(self, n: int) -> None:
+        self.rollout_env_steps += n
+        self._env_steps += n
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        self._num_updates = int(self.train_steps)
+        self._env_steps = int(self.rollout_env_steps)
+        return result
 
     # ----- input conversion -----------------------------------------------------------------
     def _obs(self, x) -> torch.Tensor:
@@ -144,7 +169,8 @@ class RLAlgorithm(nn.Module):
             discount=to_tensor(exp.discount, self.device, torch.float32),
             observation=self._obs(exp.observation),
             prev_action=(),
-            env_id=(),
+            # Kept where present: an on-policy frame stacker follows each env across unrolls.
+            env_id=() if _empty(exp.env_id) else to_tensor(exp.env_id, self.device),
             action=self._action_in(exp.action),
             rollout_info={k: to_tensor(v, self.device) for k, v in (exp.rollout_info or {}).items()},
         )
@@ -173,21 +199,37 @@ class RLAlgorithm(nn.Module):
     def update_with_gradient(self, loss_info: LossInfo,
                              importance_weights: torch.Tensor | None = None) -> float:
         """One gradient step of every optimizer on the importance-weighted mean loss."""
+        return float(self._apply_gradient(loss_info, importance_weights))
+
+    def _apply_gradient(self, loss_info: LossInfo,
+                        importance_weights: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`update_with_gradient` without reading the loss back to the host.
+
+        Gradient clipping is per optimizer (each group's own norm), as with separate
+        optimizers; the step is one call for all of them."""
         loss = importance_weighted_mean(loss_info.loss, importance_weights)
         if isinstance(loss_info.scalar_loss, torch.Tensor):
             loss = loss + loss_info.scalar_loss
         optimizers = self.optimizers.values()
-        for opt in optimizers:
-            opt.zero_grad(set_to_none=True)
+        fused = self._fused
+        if fused is not None:
+            fused.zero_grad(set_to_none=True)
+        else:
+            for opt in optimizers:
+                opt.zero_grad(set_to_none=True)
         loss.backward()
         if self.max_grad_norm:
             for opt in optimizers:
-                nn.utils.clip_grad_norm_(
-                    [p for g in opt.param_groups for p in g["params"]], self.max_grad_norm)
-        for opt in optimizers:
-            opt.step()
+                _clip_grad_norm([p for g in opt.param_groups for p in g["params"]],
+                                self.max_grad_norm)
+        if fused is not None:
+            fused.step()
+        else:
+            for opt in optimizers:
+                opt.step()
         self.train_steps += 1
-        return float(loss.detach())
+        self._num_updates += 1
+        return loss.detach()
 
     def after_update(self, info=None) -> None:
         """Post-update bookkeeping (target networks)."""
@@ -201,10 +243,9 @@ class RLAlgorithm(nn.Module):
             importance_weights, self.device, torch.float32)
         info = self.train_step(exp).info
         loss_info = self.calc_loss(info)
-        total = self.update_with_gradient(loss_info, w)
+        total = self._apply_gradient(loss_info, w)
         self.after_update(info)
-        metrics = {"loss/total": total}
-        metrics.update(_scalars(loss_info.extra))
+        metrics = _scalars({"loss/total": total, **loss_info.extra})
         prio = loss_info.priority
         return TrainResult(metrics, prio.detach().cpu() if isinstance(prio, torch.Tensor) else None)
 
@@ -249,11 +290,20 @@ class RLAlgorithm(nn.Module):
     @staticmethod
     @torch.no_grad()
     def _soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
-        """``target <- (1 - tau) * target + tau * source`` (parameters and buffers)."""
-        for t, s in zip(target.parameters(), source.parameters(), strict=True):
-            t.lerp_(s, tau)
-        for t, s in zip(target.buffers(), source.buffers(), strict=True):
-            t.copy_(s)
+        """``target <- (1 - tau) * target + tau * source`` (parameters; buffers are copied),
+        one foreach call for all tensors."""
+        ts, ss = list(target.parameters()), list(source.parameters())
+        if len(ts) != len(ss):
+            raise ValueError("target and source have different parameters")
+        if ts:
+            torch._foreach_lerp_(ts, ss, tau)
+        tb, sb = list(target.buffers()), list(source.buffers())
+        if tb:
+            torch._foreach_copy_(tb, sb)
+
+
+def _empty(x) -> bool:
+    return x is None or (isinstance(x, tuple) and x == ())
 
 
 def _to_cpu(x):
@@ -267,24 +317,67 @@ def _to_cpu(x):
 
 
 def _scalars(extra) -> dict[str, float]:
-    out = {}
+    """Mean of each tensor metric and the numbers as floats, with one device-to-host copy for
+    all the tensors (not one per metric)."""
+    out: dict[str, float] = {}
+    keys, means = [], []
     for k, v in (extra or {}).items():
         if isinstance(v, torch.Tensor):
-            out[k] = float(v.detach().float().mean())
+            keys.append(k)
+            means.append(v.detach().float().mean())
         elif isinstance(v, int | float):
             out[k] = float(v)
+    if means:
+        out.update(zip(keys, torch.stack(means).tolist(), strict=True))
     return out
 
 
-def _adam(params: list, lr: float, kwargs: dict):
-    """Adam, fused into one kernel per step where torch has one for the parameters' device
-    (CPU and CUDA): measured 10-25% faster per update than the default per-tensor loop on the
-    small networks here (SAC Pendulum 16.6 -> 14-15 ms, DQN CartPole 3.7 -> 2.7-3.3 ms per
-    update, one thread). :class:`algorithms.optim.FusedAdam` calls that kernel without
-    ``torch.optim``, whose import of ``torch._dynamo`` delayed a learner's first update by
-    1.1-1.7 s; other devices get ``torch.optim.Adam``."""
-    from algorithms.optim import FUSED_DEVICES, FusedAdam
+def _clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> None:
+    """``nn.utils.clip_grad_norm_`` (same arithmetic) in three foreach calls, without its
+    wrappers and without a host sync."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    if len({(g.device, g.dtype) for g in grads}) > 1:
+        nn.utils.clip_grad_norm_(params, max_norm)
+        return
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    coef = (max_norm / (total + 1e-6)).clamp_(max=1.0)
+    torch._foreach_mul_(grads, coef)
 
+
+class _Group:
+    """One named optimizer that is a parameter group of a shared :class:`FusedAdam`: keeps
+    the per-optimizer interface (``param_groups``, ``state_dict``, ``load_state_dict``) and
+    checkpoint layout."""
+
+    def __init__(self, optimizer: FusedAdam, index: int):
+        self._opt, self._index = optimizer, index
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [self._opt.param_groups[self._index]]
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._opt.state_dict(group=self._index)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._opt.load_state_dict(state_dict, group=self._index)
+
+
+def _adam(specs: dict[str, tuple[list, float, dict]]):
+    """``({name: optimizer}, shared FusedAdam or None)`` for the declared optimizers.
+
+    Adam on torch's fused kernel where it has one for the parameters' device (CPU and CUDA):
+    measured 10-25% faster per update than the default per-tensor loop on the small networks
+    here. :class:`algorithms.optim.FusedAdam` calls that kernel without ``torch.optim``, whose
+    import of ``torch._dynamo`` delayed a learner's first update by 1.1-1.7 s. All optimizers
+    are groups of one FusedAdam, so an update is one ``step`` (one kernel per bucket of equal
+    hyperparameters). Other devices get one ``torch.optim.Adam`` per optimizer."""
+    from algorithms.optim import FUSED_DEVICES
+
+    params = [p for ps, _, _ in specs.values() for p in ps]
     if all(p.device.type in FUSED_DEVICES and p.is_floating_point() for p in params):
-        return FusedAdam(params, lr=lr, **kwargs)
-    return torch.optim.Adam(params, lr=lr, **kwargs)
+        fused = FusedAdam([{"params": ps, "lr": lr, **kw} for ps, lr, kw in specs.values()])
+        return {name: _Group(fused, i) for i, name in enumerate(specs)}, fused
+    return {name: torch.optim.Adam(ps, lr=lr, **kw) for name, (ps, lr, kw) in specs.items()}, None

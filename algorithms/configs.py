@@ -82,7 +82,9 @@ class RewardNormalizerConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class FrameStackerConfig:
-    """Stack the last ``stack_size`` observations (a FIRST step starts a fresh stack)."""
+    """Stack the last ``stack_size`` observations (a FIRST step starts a fresh stack). List it
+    before an observation normalizer: on-policy, the learner recognizes the frame an unroll
+    continues from by its raw value."""
 
     name: Literal["frame_stacker"] = _f("frame_stacker", "transformer name")
     stack_size: int = _f(4, "number of frames in a stack", minimum=1)
@@ -113,8 +115,8 @@ class _Common:
     encoder: Encoder = _f("mlp", "observation encoder: mlp (flatten), nature_cnn, impala "
                                  "(residual) or minatar_cnn (one 3x3 conv); images are "
                                  "scaled inside the network")
-    image_layout: ImageLayout = _f("auto", "image axis order: hwc, chw or auto (chw when the "
-                                           "first axis is the smallest)")
+    image_layout: ImageLayout = _f("auto", "image axis order: hwc, chw or auto (chw unless "
+                                           "the first axis is larger than the last)")
     data_transformers: list = _f([], "list of {name: ..., <options>}: "
                                      + ", ".join(TRANSFORMER_CONFIGS))
 

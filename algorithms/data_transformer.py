@@ -237,7 +237,10 @@ class FrameStacker(DataTransformer):
     ``transform_experience``: a batch-major ``[B, T]`` batch becomes ``[B, T - stack_size + 1]``
     (the first ``stack_size - 1`` rows only provide history; ALF's
     ``num_earliest_frames_ignored``). With ``time_major`` (an on-policy ``[T, B]`` unroll) no row
-    is dropped: the unroll's first rows stack copies of its first frame, as at FIRST.
+    is dropped: consecutive unrolls of an env overlap by one step (the bootstrap row starts the
+    next unroll), so the history after row ``T - 2`` is kept per ``env_id`` and the next
+    unroll's first rows get the stacks the unroller acted on. An unroll whose first frame is not
+    the previous one's last (a skipped unroll, a new env) starts from copies of its first frame.
     """
 
     def __init__(self, observation_space=None, stack_size: int = 4, stack_axis: int | None = 0,
@@ -252,6 +255,9 @@ class FrameStacker(DataTransformer):
         self.stack_axis = stack_axis
         self._frames: torch.Tensor | None = None  # [num env ids, stack_size - 1, ...]
         self._seen: torch.Tensor | None = None
+        # Training-side history of on-policy unrolls, apart from the acting side's (one
+        # process may do both: the synchronous trainer).
+        self._unroll_history: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def get_initial_state(self, batch_size: int):
         return None  # filled from the first frame
@@ -316,18 +322,39 @@ class FrameStacker(DataTransformer):
     def transform_experience(self, experience):
         if self.time_major:
             swap = lambda e: e.map(lambda v: _t(v).transpose(0, 1))  # noqa: E731
-            return swap(self._stack_window(swap(experience), drop=0))
+            return swap(self._stack_window(swap(experience), drop=0, carry=True))
         return self._stack_window(experience, drop=self.stack_size - 1)
 
-    def _stack_window(self, experience, drop: int):
+    def _carried_state(self, env_id, first_obs: torch.Tensor):
+        """History for each column of an unroll from the previous unroll of its env id, or
+        None where there is none that ends on this unroll's first frame."""
+        if isinstance(env_id, tuple) or self.stack_size == 1:
+            return None, None
+        ids = [int(i) for i in _t(env_id)[:, 0].tolist()]
+        state = first_obs.unsqueeze(1).expand(
+            first_obs.shape[0], self.stack_size - 1, *first_obs.shape[1:]).clone()
+        for col, env in enumerate(ids):
+            kept = self._unroll_history.get(env)
+            if kept is not None and kept[1].shape == first_obs[col].shape and \
+                    torch.equal(kept[1].to(first_obs.device), first_obs[col]):
+                state[col] = kept[0].to(first_obs.device)
+        return state, ids
+
+    def _stack_window(self, experience, drop: int, carry: bool = False):
         obs = _t(experience.observation)  # [B, T, ...]
         st = _t(experience.step_type)
-        stacked, state = [], None
+        T = st.shape[1]
+        state, ids = self._carried_state(experience.env_id, obs[:, 0]) if carry else (None, None)
+        stacked = []
         # Walk the window once, carrying the stack and resetting it at FIRST.
-        for t in range(st.shape[1]):
+        for t in range(T):
             ts = TimeStep(step_type=st[:, t], observation=obs[:, t])
             out, state = self.transform_timestep(ts, state)
             stacked.append(out.observation)
+            if ids is not None and t == T - 2:
+                # The history the last (bootstrap) row, the next unroll's first, is stacked on.
+                for col, env in enumerate(ids):
+                    self._unroll_history[env] = (state[col].clone(), obs[col, T - 1].clone())
         new_obs = torch.stack(stacked, 1)[:, drop:]
         trimmed = experience.map(lambda v: _t(v)[:, drop:])
         return trimmed._replace(observation=new_obs)

@@ -124,16 +124,16 @@ class DdpgAlgorithm(RLAlgorithm):
         else:
             noise = self.ou_stddev * torch.randn_like(a)
         a = (a + noise).clamp(-1.0, 1.0)
-        p_random = 1.0 if int(self.rollout_env_steps) < self.initial_random_steps \
+        p_random = 1.0 if self.env_steps < self.initial_random_steps \
             else self.rollout_random_action
         if p_random > 0:
             rand = torch.rand(b, device=self.device) < p_random
             a = torch.where(rand[:, None], torch.rand_like(a) * 2 - 1, a)
-        self.rollout_env_steps += b
+        self._count_env_steps(b)
         return AlgStep(output=self._denormalize(a), state=state, info={})
 
     def _actor_turn(self) -> bool:
-        return int(self.train_steps) % self.actor_update_period == 0
+        return self.num_updates % self.actor_update_period == 0
 
     def train_step(self, experience: Experience, state=()) -> AlgStep:
         """``experience``: batch-major ``[B, T]``; rows ``0..T-2`` are trained on."""
@@ -185,7 +185,7 @@ class DdpgAlgorithm(RLAlgorithm):
     def after_update(self, info=None) -> None:
         # train_steps was incremented by update_with_gradient: the step that just ran was an
         # actor step iff (train_steps - 1) % actor_update_period == 0.
-        n = int(self.train_steps) - 1
+        n = self.num_updates - 1
         if n % self.actor_update_period == 0 and \
                 (n // self.actor_update_period) % self.target_update_period == 0:
             self._soft_update(self.target_actor_network, self.actor_network,

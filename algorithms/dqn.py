@@ -75,7 +75,7 @@ class DqnAlgorithm(RLAlgorithm):
         self._add_optimizer("q", self.q_network.parameters(), learning_rate)
 
     def epsilon(self) -> float:
-        frac = min(1.0, int(self.rollout_env_steps) / max(1, self.epsilon_decay_steps))
+        frac = min(1.0, self.env_steps / max(1, self.epsilon_decay_steps))
         return self.epsilon_start + frac * (self.epsilon_final - self.epsilon_start)
 
     @torch.no_grad()
@@ -87,10 +87,10 @@ class DqnAlgorithm(RLAlgorithm):
     def rollout_step(self, time_step: TimeStep, state=()) -> AlgStep:
         greedy = self.predict_step(time_step, state).output
         b = greedy.shape[0]
-        eps = 1.0 if int(self.rollout_env_steps) < self.initial_random_steps else self.epsilon()
+        eps = 1.0 if self.env_steps < self.initial_random_steps else self.epsilon()
         random_a = torch.randint(0, self.num_actions, (b,), device=self.device)
         explore = torch.rand(b, device=self.device) < eps
-        self.rollout_env_steps += b
+        self._count_env_steps(b)
         return AlgStep(output=torch.where(explore, random_a, greedy), state=state, info={})
 
     def train_step(self, experience: Experience, state=()) -> AlgStep:
@@ -130,5 +130,5 @@ class DqnAlgorithm(RLAlgorithm):
                                "epsilon": self.epsilon()})
 
     def after_update(self, info=None) -> None:
-        if int(self.train_steps) % self.target_update_period == 0:
+        if self.num_updates % self.target_update_period == 0:
             self._soft_update(self.target_q_network, self.q_network, self.target_update_tau)

@@ -30,8 +30,11 @@ ENCODERS = ("mlp", "nature_cnn", "impala", "minatar_cnn")
 def image_layout(shape: Sequence[int], layout: str = "auto") -> str | None:
     """``"hwc"``, ``"chw"``, ``"hw"`` for an image shape, None for anything else.
 
-    ``auto``: a 3-D shape is CHW when its first axis is smaller than its last (``[4, 84, 84]``),
-    else HWC (``[84, 84, 4]``, MinAtar's ``[10, 10, C]``); a 2-D shape is a grayscale image.
+    ``auto``: a 3-D shape is CHW when its first axis is not larger than its last
+    (``[4, 84, 84]``; this project's Atari ``[1, 84, 84]`` and MinAtar ``[C, 10, 10]``, also
+    Seaquest's ``[10, 10, 10]``), else HWC (Gymnasium's ``[84, 84, 4]``, the raw MinAtar
+    package's ``[10, 10, C]``); a 2-D shape is a grayscale image. ``image_layout:`` in the
+    config settles any other case.
     """
     if len(shape) == 2:
         return "hw"
@@ -39,7 +42,7 @@ def image_layout(shape: Sequence[int], layout: str = "auto") -> str | None:
         return None
     if layout != "auto":
         return layout
-    return "chw" if shape[0] < shape[-1] else "hwc"
+    return "chw" if shape[0] <= shape[-1] else "hwc"
 
 
 def channel_axis(shape: Sequence[int], layout: str = "auto") -> int:

@@ -211,6 +211,9 @@ class ActorNetwork(nn.Module):
         return self.scaler(a).reshape(-1, *self._shape)
 
 
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
 class SquashedNormal(td.TransformedDistribution):
     """``Normal(loc, scale)`` squashed by tanh and scaled into ``[low, high]`` (SAC's policy)."""
 
@@ -233,6 +236,27 @@ class SquashedNormal(td.TransformedDistribution):
         for t in self.transforms:
             x = t(x)
         return x
+
+    def rsample_and_log_prob(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparameterized sample and its log-probability in one pass: what
+        ``rsample()`` then ``log_prob()`` compute through the transforms' caches and
+        Jacobians, written out (about 20 tensor ops fewer per call; same values up to
+        rounding and the same gradients)::
+
+            u = loc + std * eps,  a = tanh(u) * scale + bias
+            log pi(a) = sum(-eps^2 / 2 - log std - log sqrt(2 pi)
+                            - 2 (log 2 - u - softplus(-2u)) - log scale)
+        """
+        normal = self.base_dist.base_dist
+        loc, std = normal.loc, normal.scale
+        eps = torch.randn_like(loc)
+        u = loc + std * eps
+        affine = self.transforms[1]
+        action = torch.tanh(u) * affine.scale + affine.loc
+        log_det = 2.0 * (math.log(2.0) - u - nn.functional.softplus(-2.0 * u))
+        log_prob = (-0.5 * eps.square() - std.log() - _LOG_SQRT_2PI - log_det
+                    - affine.scale.abs().log()).sum(-1)
+        return action, log_prob
 
 
 class ActorDistributionNetwork(nn.Module):

@@ -19,37 +19,52 @@ FUSED_DEVICES = ("cpu", "cuda")
 
 
 class FusedAdam:
-    """Adam (Kingma & Ba) with L2 ``weight_decay``, one fused kernel per (device, dtype) group.
+    """Adam (Kingma & Ba) with L2 ``weight_decay``, one fused kernel per bucket of parameters
+    that share device, dtype and hyperparameters, across all parameter groups.
 
-    Only the parts the algorithms use: one parameter group, ``zero_grad``, ``step``,
-    ``param_groups`` (for gradient clipping) and ``state_dict``/``load_state_dict``.
+    An algorithm with several optimizers (SAC: actor, critic, alpha) declares them as groups of
+    one ``FusedAdam``, so an update is one ``step()``: one kernel call where the groups share
+    their hyperparameters, instead of one Python ``step`` and kernel per optimizer.
+    ``state_dict(group=i)``/``load_state_dict(sd, group=i)`` read and write one group in the
+    single-group layout, so per-optimizer checkpoints keep their format.
+
+    params: parameters, or a list of ``{"params": [...], <hyperparameter overrides>}`` groups.
     """
 
-    def __init__(self, params: Iterable[torch.Tensor], lr: float = 1e-3,
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0):
         params = list(params)
         if not params:
             raise ValueError("FusedAdam got an empty parameter list")
-        for p in params:
-            if p.device.type not in FUSED_DEVICES or not p.is_floating_point():
-                raise ValueError(f"FusedAdam needs floating-point parameters on "
-                                 f"{'/'.join(FUSED_DEVICES)}, got {p.dtype} on {p.device}")
-        self.param_groups = [{"params": params, "lr": lr, "betas": tuple(betas), "eps": eps,
-                              "weight_decay": weight_decay, "amsgrad": False,
-                              "maximize": False, "foreach": None, "capturable": False,
-                              "differentiable": False, "fused": True,
-                              "decoupled_weight_decay": False}]
+        specs = params if isinstance(params[0], dict) else [{"params": params}]
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+        self.param_groups = []
+        for spec in specs:
+            group_params = list(spec["params"])
+            if not group_params:
+                raise ValueError("FusedAdam got an empty parameter list")
+            for p in group_params:
+                if p.device.type not in FUSED_DEVICES or not p.is_floating_point():
+                    raise ValueError(f"FusedAdam needs floating-point parameters on "
+                                     f"{'/'.join(FUSED_DEVICES)}, got {p.dtype} on {p.device}")
+            hyper = {**defaults, **{k: v for k, v in spec.items() if k != "params"}}
+            hyper["betas"] = tuple(hyper["betas"])
+            self.param_groups.append({
+                "params": group_params, **hyper, "amsgrad": False, "maximize": False,
+                "foreach": None, "capturable": False, "differentiable": False, "fused": True,
+                "decoupled_weight_decay": False})
         self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.param_groups[0]["params"]:
-            if p.grad is None:
-                continue
-            if set_to_none:
-                p.grad = None
-            else:
-                p.grad.detach_().zero_()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad.detach_().zero_()
 
     def _state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
         s = self.state.get(p)
@@ -62,43 +77,51 @@ class FusedAdam:
 
     @torch.no_grad()
     def step(self) -> None:
-        group = self.param_groups[0]
-        beta1, beta2 = group["betas"]
         buckets: dict[tuple, list[torch.Tensor]] = {}
-        for p in group["params"]:
-            if p.grad is not None:
-                buckets.setdefault((p.device, p.dtype), []).append(p)
-        for params in buckets.values():
+        for group in self.param_groups:
+            key = (group["lr"], group["betas"], group["weight_decay"], group["eps"])
+            for p in group["params"]:
+                if p.grad is not None:
+                    buckets.setdefault((p.device, p.dtype, key), []).append(p)
+        for (_, _, (lr, (beta1, beta2), weight_decay, eps)), params in buckets.items():
             states = [self._state(p) for p in params]
             steps = [s["step"] for s in states]
             torch._foreach_add_(steps, 1)
             torch._fused_adam_(
                 params, [p.grad for p in params], [s["exp_avg"] for s in states],
-                [s["exp_avg_sq"] for s in states], [], steps, lr=group["lr"], beta1=beta1,
-                beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"],
+                [s["exp_avg_sq"] for s in states], [], steps, lr=lr, beta1=beta1,
+                beta2=beta2, weight_decay=weight_decay, eps=eps,
                 amsgrad=False, maximize=False, grad_scale=None, found_inf=None)
 
-    def state_dict(self) -> dict[str, Any]:
-        """``torch.optim.Adam``'s layout: state keyed by parameter index."""
-        group = self.param_groups[0]
-        params = group["params"]
+    def _group(self, group: int | None) -> dict:
+        if group is None:
+            if len(self.param_groups) != 1:
+                raise ValueError("this FusedAdam has several groups: name one (group=i)")
+            group = 0
+        return self.param_groups[group]
+
+    def state_dict(self, group: int | None = None) -> dict[str, Any]:
+        """``torch.optim.Adam``'s single-group layout: state keyed by parameter index."""
+        g = self._group(group)
+        params = g["params"]
         return {"state": {i: dict(self.state[p]) for i, p in enumerate(params)
                           if p in self.state},
-                "param_groups": [{**{k: v for k, v in group.items() if k != "params"},
+                "param_groups": [{**{k: v for k, v in g.items() if k != "params"},
                                   "params": list(range(len(params)))}]}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any], group: int | None = None) -> None:
         """Load what this class or ``torch.optim.Adam`` saved for the same parameters."""
-        group = self.param_groups[0]
-        params = group["params"]
+        g = self._group(group)
+        params = g["params"]
         (saved,) = state_dict["param_groups"]
         if len(saved["params"]) != len(params):
             raise ValueError(f"optimizer state holds {len(saved['params'])} parameters, "
                              f"this optimizer has {len(params)}")
         for key in ("lr", "betas", "eps", "weight_decay"):
             if key in saved:
-                group[key] = tuple(saved[key]) if key == "betas" else saved[key]
-        self.state = {}
+                g[key] = tuple(saved[key]) if key == "betas" else saved[key]
+        for p in params:
+            self.state.pop(p, None)
         by_id = dict(zip(saved["params"], params, strict=True))
         for key, s in state_dict["state"].items():
             p = by_id[int(key)]

@@ -86,7 +86,7 @@ class PPOAlgorithm(RLAlgorithm):
         obs = self._policy_input(time_step)
         dist = self.actor_network(obs)
         action = dist.sample()
-        self.rollout_env_steps += obs.shape[0]
+        self._count_env_steps(obs.shape[0])
         return AlgStep(output=action, state=state,
                        info={"log_prob": dist.log_prob(action), "value": self.value_network(obs)})
 
@@ -117,7 +117,9 @@ class PPOAlgorithm(RLAlgorithm):
                                         "advantages": adv.flatten()[keep],
                                         "returns": ret.flatten()[keep]})
         n = int(keep.sum())
-        sums: dict[str, float] = {}
+        # Metrics stay on the device until the end: one host copy per train_on, not one per
+        # metric and mini-batch.
+        sums: dict[str, torch.Tensor] = {}
         count = 0
         for _ in range(self.num_epochs):
             perm = torch.randperm(n, device=self.device)
@@ -126,9 +128,12 @@ class PPOAlgorithm(RLAlgorithm):
                 mb = Experience(observation=data.observation[idx], action=data.action[idx],
                                 rollout_info={k: v[idx] for k, v in data.rollout_info.items()})
                 loss_info = self.calc_loss(self.train_step(mb).info)
-                total = self.update_with_gradient(loss_info)
-                for k, v in {"loss/total": total, **_scalars(loss_info.extra)}.items():
-                    sums[k] = sums.get(k, 0.0) + v
+                total = self._apply_gradient(loss_info)
+                for k, v in {"loss/total": total, **loss_info.extra}.items():
+                    if isinstance(v, torch.Tensor):
+                        v = v.detach().float().mean()
+                        sums[k] = sums[k] + v if k in sums else v
                 count += 1
-        metrics = {_RENAME.get(k, k): v / max(count, 1) for k, v in sums.items()}
+        metrics = {_RENAME.get(k, k): v for k, v in
+                   _scalars({k: v / max(count, 1) for k, v in sums.items()}).items()}
         return TrainResult(metrics, None)

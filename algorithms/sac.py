@@ -112,11 +112,11 @@ class SacAlgorithm(RLAlgorithm):
     def rollout_step(self, time_step: TimeStep, state=()) -> AlgStep:
         obs = self._policy_input(time_step)
         b = obs.shape[0]
-        if int(self.rollout_env_steps) < self.initial_random_steps:
+        if self.env_steps < self.initial_random_steps:
             action = self._uniform_actions(b)
         else:
             action = self.actor_network(obs).sample()
-        self.rollout_env_steps += b
+        self._count_env_steps(b)
         return AlgStep(output=action, state=state, info={})
 
     def _uniform_actions(self, b: int) -> torch.Tensor:
@@ -156,12 +156,10 @@ class SacAlgorithm(RLAlgorithm):
         else:
             q = self.critic_networks(obs_cur, exp.action[:, :-1].flatten(0, 1))      # [N, R]
             with torch.no_grad():
-                a_next = next_dist.sample()
-                log_pi_next = next_dist.log_prob(a_next)
+                a_next, log_pi_next = _sample_and_log_prob(next_dist)
                 q_targ = self.target_critic_networks(obs_next, a_next).min(1).values
                 target_value = q_targ - alpha * log_pi_next if self.use_entropy_reward else q_targ
-            a_pi = dist.rsample()
-            log_pi = dist.log_prob(a_pi)
+            a_pi, log_pi = _sample_and_log_prob(dist)
             # Critic weights are detached here so the actor loss only trains the actor.
             q_pi = self.critic_networks(obs_cur, a_pi, detach_params=True).min(1).values
             actor_loss = alpha * log_pi - q_pi
@@ -198,6 +196,16 @@ class SacAlgorithm(RLAlgorithm):
         if self.max_log_alpha is not None:
             with torch.no_grad():
                 self.log_alpha.clamp_(max=self.max_log_alpha)
-        if int(self.train_steps) % self.target_update_period == 0:
+        if self.num_updates % self.target_update_period == 0:
             self._soft_update(self.target_critic_networks, self.critic_networks,
                               self.target_update_tau)
+
+
+def _sample_and_log_prob(dist) -> tuple[torch.Tensor, torch.Tensor]:
+    """A reparameterized action and its log-probability (one pass where the distribution has
+    one: :meth:`SquashedNormal.rsample_and_log_prob`)."""
+    fast = getattr(dist, "rsample_and_log_prob", None)
+    if fast is not None:
+        return fast()
+    action = dist.rsample()
+    return action, dist.log_prob(action)

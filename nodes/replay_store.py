@@ -237,6 +237,7 @@ class ReplayStore:
         self.ere = ERE(config.ere_eta, config.ere_cmin) if config.ere_eta is not None else None
         self.sample_requests = 0  # served, for ERE's round
         self.last_sample: dict = {}  # per-sample figures published as metrics
+        self._warned = False
         self.limiter = RateLimiter(config.samples_per_insert, config.spi_tolerance,
                                    config.min_size_to_sample)
         self.pending: collections.deque = collections.deque()  # sample requests that wait
@@ -288,8 +289,8 @@ class ReplayStore:
         if b is None:
             return {}
         return {"backend": b.backend.name, "controls": sorted(self.controls),
-                "prioritized": b._prioritized_sampling, "episodic": b.episodes is not None,
-                "num_earliest_frames_ignored": b.sampler.num_earliest_frames_ignored,
+                "prioritized": b.prioritized_sampling, "episodic": b.episodes is not None,
+                "num_earliest_frames_ignored": b.num_earliest_frames_ignored,
                 "ere": self.ere is not None, "sample_range": self.config.sample_range,
                 "nstep": self.config.nstep, "frame_stack": self.config.frame_stack,
                 "frame_shape": list(b.data_spec[self.config.frame_field].shape)
@@ -339,6 +340,9 @@ class ReplayStore:
     def sample(self, req) -> SampleBatch:
         """Draw ``req``'s batch, or raise ``NothingToSample`` (the request should wait)."""
         version = req.learner_version if req.learner_version >= 0 else None
+        if version is None and self.config.max_staleness is not None and not self._warned:
+            self._warned = True
+            log.warning("sample requests carry no learner_version: max_staleness is not applied")
         data, info = self.buffer.get_batch(req.batch_size, req.batch_length,
                                            sample_range=self._sample_range(),
                                            learner_iter=version)

@@ -38,6 +38,7 @@ from storage.sharding import (
     shard_for_env,
     shard_mass,
     split_batch,
+    split_by_shard,
 )
 
 __all__ = [
@@ -78,4 +79,5 @@ __all__ = [
     "shard_for_env",
     "shard_mass",
     "split_batch",
+    "split_by_shard",
 ]

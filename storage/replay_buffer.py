@@ -368,6 +368,14 @@ class ReplayBuffer(RingBuffer):
         return torch.tensor(self.sampler.initial_priority, dtype=torch.float32)
 
     @property
+    def prioritized_sampling(self) -> bool:
+        return self._prioritized_sampling
+
+    @property
+    def num_earliest_frames_ignored(self) -> int:
+        return self._num_earliest_frames_ignored
+
+    @property
     def num_sampleable(self) -> int:
         """Start positions that may be sampled for the current ``batch_length``."""
         return self.sampler.num_valid()
@@ -392,6 +400,7 @@ class ReplayBuffer(RingBuffer):
                 get_field(batch, "discount"),
                 get_field(batch, "reward"),
             )
+        self.sampler.prepare(claim.slots)
         self.writer.commit(claim)
         self.sampler.on_write(claim.env_ids, claim.positions)
         pos = claim.positions
@@ -577,6 +586,11 @@ class ReplayBuffer(RingBuffer):
     def load_state_dict(self, state: dict) -> None:
         if state.get("enable_checkpoint") is False:
             return
+        if len(state["controls"]) != len(self.controls):
+            raise ValueError(
+                f"the saved buffer had {len(state['controls'])} controls and this one has "
+                f"{len(self.controls)}: restore it with the same replay controls"
+            )
         super().load_state_dict(state)
         self.slot_info.load_state_dict(state["slot_info"])
         if self.episodes is not None:

@@ -203,6 +203,16 @@ class SlotSampler:
         self.beta = float(beta)
 
     # ----------------------------------------------------------------- events
+    def prepare(self, slots) -> None:
+        """Slots about to be committed: no eviction, the initial priority. Done before the
+        writer commits, so a buffer re-attached after a kill between the two (its trees
+        rebuilt from these arrays) never inherits the overwritten step's eviction or
+        priority; ``on_write`` sets both again with the trees."""
+        slots = self._arr(slots)
+        self._evicted[slots] = False
+        if self.prioritized:
+            self._priority[slots] = self.initial_priority
+
     def on_write(self, env_ids, pos) -> None:
         """New steps at (env, pos): fresh priority, and the starts whose validity moved."""
         xp = self.xp

@@ -93,3 +93,21 @@ def global_importance_weights(leaves, masses, beta: float | None) -> torch.Tenso
         return ratio.to(torch.float32)
     smallest = min(m.min_leaf for m in masses) * (count / total)
     return ((ratio / smallest) ** (-beta)).to(torch.float32)
+
+
+def split_by_shard(shard_ids, *arrays) -> dict[int, tuple]:
+    """Rows of ``arrays`` grouped by the shard each came from (``shard_ids``, one per row),
+    in their original order: how a priority update goes back to the shards that hold the
+    items. Returns ``{shard: (rows of each array...)}`` for the shards present."""
+    shard_ids = np.asarray(shard_ids).reshape(-1)
+    for a in arrays:
+        if len(a) != shard_ids.shape[0]:
+            raise ValueError(f"{len(a)} rows for {shard_ids.shape[0]} shard ids")
+    groups = {}
+    for shard in np.unique(shard_ids).tolist():
+        rows = np.nonzero(shard_ids == shard)[0]
+        groups[shard] = tuple(
+            a[torch.from_numpy(rows)] if isinstance(a, torch.Tensor) else np.asarray(a)[rows]
+            for a in arrays
+        )
+    return groups

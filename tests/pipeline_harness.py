@@ -163,8 +163,7 @@ async def idle_node(config, node, ready):
 async def secret_probe(config, node, ready):
     """A node kind for tests (``tests.pipeline_harness:secret_probe``): writes the run secret
     it sees in its environment to ``RUN_DIR/probe.<replica>`` before it says ready."""
-    ctx = getattr(node, "context", node)
-    with open(os.path.join(ctx.run_dir, f"probe.{ctx.replica}"), "w") as f:
+    with open(os.path.join(node.info.run_dir, f"probe.{node.info.replica}"), "w") as f:
         f.write(os.environ.get("CONDUIT_RUN_SECRET", ""))
     ready()
     await node.stopping.wait()

@@ -260,3 +260,40 @@ def test_on_policy_unrolls_keep_every_row(name):
     torch.testing.assert_close(exp.observation[1, 2], torch.cat(
         [norm(unroll.observation[0, 2:3])[0], norm(unroll.observation[1, 2:3])[0]]))
     assert np.isfinite(alg.train_on(unroll).metrics["loss/total"])
+
+
+def test_on_policy_frame_stacks_follow_each_env_across_unrolls():
+    """The learner stacks an unroll's first rows as the unroller did when it acted on them:
+    consecutive unrolls overlap by their bootstrap row, and the history is kept per env id."""
+    one = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    kw = dict(obs=one, actor_fc_layer_params=[4], value_fc_layer_params=[4])
+    learner = _alg("ppo", [{"name": "frame_stacker", "stack_size": 3}], **kw)
+    unroller = _alg("ppo", [{"name": "frame_stacker", "stack_size": 3}], **kw)
+
+    def unroll(frames, env_ids, first=False):
+        T, B = len(frames), len(env_ids)
+        st = np.full((T, B), M)
+        if first:
+            st[0] = F
+        obs = np.array(frames, np.float32)[:, None, None] + 100 * np.arange(B)[None, :, None]
+        return Experience(step_type=st, reward=np.zeros((T, B), np.float32),
+                          discount=np.ones((T, B), np.float32), observation=obs,
+                          env_id=np.tile(np.array(env_ids), (T, 1)),
+                          action=np.zeros((T, B), np.int64),
+                          rollout_info={"log_prob": np.zeros((T, B), np.float32),
+                                        "value": np.zeros((T, B), np.float32)})
+
+    acted = []
+    for t, f in enumerate(range(1, 10)):
+        ts = TimeStep(step_type=np.array([F if t == 0 else M] * 2),
+                      observation=np.array([[f], [f + 100]], np.float32), env_id=np.array([3, 7]))
+        acted.append(unroller.transform_timestep(ts)[0].observation)
+    first = learner._experience(unroll([1, 2, 3, 4, 5], [3, 7], first=True)).observation
+    second = learner._experience(unroll([5, 6, 7, 8, 9], [3, 7])).observation
+    for t in range(5):
+        torch.testing.assert_close(first[t], acted[t])
+        torch.testing.assert_close(second[t], acted[t + 4])
+    assert second[0, 0].tolist() == [3.0, 4.0, 5.0]
+    # An unroll that does not continue the last one (one was skipped) starts afresh.
+    third = learner._experience(unroll([20, 21, 22], [3, 7])).observation
+    assert third[0, 0].tolist() == [20.0, 20.0, 20.0] and third[2, 0].tolist() == [20.0, 21.0, 22.0]

@@ -83,7 +83,8 @@ def test_every_algorithm_trains_on_images_with_every_encoder(name, act_space, en
 
 def test_image_layouts():
     assert image_layout((84, 84, 4)) == "hwc" and image_layout((4, 84, 84)) == "chw"
-    assert image_layout((10, 10, 10)) == "hwc" and image_layout((84, 84)) == "hw"
+    assert image_layout((10, 10, 10)) == "chw" and image_layout((84, 84)) == "hw"
+    assert image_layout((10, 10, 4)) == "hwc" and image_layout((1, 84, 84)) == "chw"
     assert image_layout((4,)) is None and image_layout((4, 84, 84), "hwc") == "hwc"
     assert chw_shape((84, 84, 4)) == (4, 84, 84) and chw_shape((84, 84)) == (1, 84, 84)
     with pytest.raises(ValueError, match="image observation"):
@@ -121,3 +122,10 @@ def test_encoder_output_sizes():
     assert ConvEncoder((10, 10, 4), "minatar_cnn").output_size == 16 * 8 * 8
     assert ConvEncoder((10, 10, 4), "impala").output_size == 32 * 2 * 2
     assert ConvEncoder((10, 10, 4), "nature_cnn").output_size == 64  # kernels shrink to fit
+
+
+def test_to_tensor_keeps_the_stored_dtype():
+    from algorithms.data import to_tensor
+
+    assert to_tensor(np.zeros((2, 84, 84, 4), np.uint8)).dtype == torch.uint8
+    assert to_tensor(np.zeros((2, 10, 10, 4), bool)).dtype == torch.bool

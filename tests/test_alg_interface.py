@@ -139,6 +139,9 @@ def test_checkpoint_restores_exactly(name, obs_space, act_space):
     restored.load_checkpoint_state(torch.load(buf, weights_only=True))
     for (k, a), (_, b) in zip(alg.state_dict().items(), restored.state_dict().items(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
+    # The Python mirrors the update schedules read follow the restored counters.
+    assert (restored.num_updates, restored.env_steps) == (alg.num_updates, alg.env_steps)
+    assert alg.num_updates == int(alg.train_steps) >= 3 and alg.env_steps == 6 * 4
     # Same state + same randomness -> identical next update (optimizer moments restored).
     torch.manual_seed(5)
     m1 = alg.train_on(batch).metrics

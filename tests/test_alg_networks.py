@@ -67,3 +67,23 @@ def test_categorical_and_normal_heads():
                                       init_std=0.5)(x)
     torch.testing.assert_close(normal.base_dist.scale, torch.full((4, 2), 0.5))
     assert normal.log_prob(normal.sample()).shape == (4,)
+
+
+def test_squashed_normal_sample_and_log_prob_in_one_pass():
+    from algorithms.networks import SquashedNormal
+
+    loc = torch.randn(6, 2, requires_grad=True)
+    log_std = torch.randn(6, 2, requires_grad=True)
+    scale, bias = torch.tensor([2.0, 0.5]), torch.tensor([0.0, 0.5])
+    torch.manual_seed(3)
+    a1, lp1 = SquashedNormal(loc, log_std.exp(), scale, bias).rsample_and_log_prob()
+    g1 = torch.autograd.grad(lp1.sum() + a1.sum(), [loc, log_std])
+    torch.manual_seed(3)
+    dist = SquashedNormal(loc, log_std.exp(), scale, bias)
+    a2 = dist.rsample()
+    lp2 = dist.log_prob(a2)
+    g2 = torch.autograd.grad(lp2.sum() + a2.sum(), [loc, log_std])
+    torch.testing.assert_close(a1, a2, rtol=0, atol=0)
+    torch.testing.assert_close(lp1, lp2, rtol=1e-5, atol=1e-5)
+    for x, y in zip(g1, g2, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)

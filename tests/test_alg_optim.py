@@ -91,3 +91,50 @@ print(sorted(m for m in ('torch._dynamo', 'sympy') if m in sys.modules))
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_groups_step_like_separate_optimizers_and_keep_their_state_layout():
+    # Two groups with different learning rates in one FusedAdam == two FusedAdams, bitwise.
+    ours, theirs = _model(0), _model(0)
+    l1, l2 = list(ours.children())[0], list(ours.children())[2]
+    t1, t2 = list(theirs.children())[0], list(theirs.children())[2]
+    joint = FusedAdam([{"params": l1.parameters(), "lr": 1e-2},
+                       {"params": l2.parameters(), "lr": 3e-3}])
+    a, b = FusedAdam(t1.parameters(), lr=1e-2), FusedAdam(t2.parameters(), lr=3e-3)
+
+    class Both:
+        def zero_grad(self, set_to_none=True):
+            a.zero_grad(set_to_none), b.zero_grad(set_to_none)
+
+        def step(self):
+            a.step(), b.step()
+
+    _train(ours, joint, 9)
+    _train(theirs, Both(), 9)
+    for x, y in zip(ours.parameters(), theirs.parameters(), strict=True):
+        assert torch.equal(x, y)
+    # Group i's state is the single optimizer's state, and loads back into a fresh group.
+    for i, single in enumerate((a, b)):
+        mine, ref = joint.state_dict(group=i), single.state_dict()
+        assert mine["param_groups"] == ref["param_groups"]
+        for k, s in ref["state"].items():
+            for name, v in s.items():
+                assert torch.equal(mine["state"][k][name], v)
+    fresh = FusedAdam([{"params": l1.parameters(), "lr": 1.0},
+                       {"params": l2.parameters(), "lr": 1.0}])
+    fresh.load_state_dict(b.state_dict(), group=1)
+    assert fresh.param_groups[1]["lr"] == 3e-3 and fresh.param_groups[0]["lr"] == 1.0
+    with pytest.raises(ValueError, match="several groups"):
+        joint.state_dict()
+
+
+def test_clip_grad_norm_matches_torch():
+    from algorithms.base import _clip_grad_norm
+
+    a, b = _model(0), _model(0)
+    for m in (a, b):
+        m(torch.randn(8, 5, generator=torch.Generator().manual_seed(4))).pow(2).sum().backward()
+    torch.nn.utils.clip_grad_norm_(list(a.parameters()), 0.5)
+    _clip_grad_norm(list(b.parameters()), 0.5)
+    for x, y in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(x.grad, y.grad, rtol=1e-6, atol=0)

@@ -65,26 +65,16 @@ def test_stepper_keeps_images_uint8_and_vectors_float32(env_id, dtype, shape):
         env.close()
 
 
-async def policy_recorder(config, bus, ready):
+async def policy_recorder(config, node, ready):
     """Serves ``policy`` with no-op actions and records what observations arrived."""
-    server = bus.server("policy")
+    server = node.bus.server("policy")
     ready()
     seen, steps = set(), 0
-    stop = asyncio.ensure_future(bus.stopping.wait())
-    try:
-        while True:
-            nxt = asyncio.ensure_future(server.recv())
-            done, _ = await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
-            if nxt not in done:
-                nxt.cancel()
-                break
-            request = nxt.result()
-            obs = request.message.time_step["observation"]
-            seen.add(f"{obs.dtype}{list(obs.shape)}")
-            steps += len(obs)
-            await request.reply(ActionBatch(np.zeros(len(obs), np.int64), 0, steps))
-    finally:
-        stop.cancel()
+    while (request := await node.wait_or_stop(server.recv())) is not None:
+        obs = request.message.time_step["observation"]
+        seen.add(f"{obs.dtype}{list(obs.shape)}")
+        steps += len(obs)
+        await request.reply(ActionBatch(np.zeros(len(obs), np.int64), 0, steps))
     return {"observations": sorted(seen), "steps": steps}
 
 

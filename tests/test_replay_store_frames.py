@@ -31,7 +31,8 @@ def experience(values, kinds) -> dict:
 
 
 def store_for(tmp_path, **config) -> ReplayStore:
-    node = SimpleNamespace(bus=None, info=SimpleNamespace(device="cpu", run_dir=str(tmp_path)))
+    node = SimpleNamespace(bus=None, status={},
+                           info=SimpleNamespace(device="cpu", run_dir=str(tmp_path)))
     return ReplayStore(Config(num_environments=2, max_length=32, min_size_to_sample=1,
                               frame_stack=4, **config), node)
 

@@ -512,3 +512,10 @@ def test_blocking_dequeue_of_missing_steps_raises():
         rb.dequeue(n=2, blocking=True)
     with pytest.raises(ValueError):
         rb.dequeue(n=2)
+
+
+def test_restoring_with_other_controls_is_one_clear_error():
+    rb = ReplayBuffer(SPEC, 2, 8, controls=(MaxUse(2),))
+    fill(rb, 3)
+    with pytest.raises(ValueError, match="saved buffer had 1 controls and this one has 0"):
+        ReplayBuffer(SPEC, 2, 8).load_state_dict(rb.state_dict())

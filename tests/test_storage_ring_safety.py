@@ -128,3 +128,55 @@ def test_a_killed_writer_releases_its_directory(tmp_path):
     child.join(60)
     assert child.exitcode == -signal.SIGKILL
     ReplayBuffer(SPEC, NUM_ENVS, LENGTH, storage_dir=directory).close()
+
+
+def _evicting_writer(directory: str) -> None:
+    """Fill a prioritized ring, evict every step, raise one priority, then die right after
+    committing one more step (before the sampler booked it)."""
+    from storage import MaxUse
+
+    rb = ReplayBuffer(
+        SPEC,
+        NUM_ENVS,
+        LENGTH,
+        storage_dir=directory,
+        prioritized_sampling=True,
+        controls=(MaxUse(1),),
+        seed=0,
+        with_replacement=True,
+    )
+    for t in range(LENGTH):
+        rb.add_batch(_batch(t))
+    rb.update_priority(torch.tensor([0]), torch.tensor([LENGTH - 1]), torch.tensor([9.0]))
+    while rb.num_sampleable:
+        rb.get_batch(4, 1)
+    type(rb.sampler).on_write = _kill_self
+    rb.add_batch(_batch(LENGTH))
+
+
+@pytest.mark.parametrize("backend", ["fused", "reference"])
+def test_kill_after_commit_leaves_the_new_step_sampleable_with_the_initial_priority(
+    tmp_path, backend
+):
+    directory = str(tmp_path / "replay")
+    child = multiprocessing.get_context("fork").Process(target=_evicting_writer, args=(directory,))
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL
+    rb = ReplayBuffer(
+        SPEC,
+        NUM_ENVS,
+        LENGTH,
+        storage_dir=directory,
+        prioritized_sampling=True,
+        seed=0,
+        backend=backend,
+    )
+    assert rb.writer.current_pos.tolist() == [LENGTH + 1] * NUM_ENVS
+    # Every older step was evicted; the new ones (which overwrote evicted slots) were not.
+    assert rb.num_sampleable == NUM_ENVS
+    _, info = rb.get_batch(16, 1)
+    assert set(info.positions.tolist()) == {LENGTH}
+    slots = torch.arange(NUM_ENVS) * LENGTH + LENGTH % LENGTH
+    assert rb.sampler.priority[slots].tolist() == [9.0] * NUM_ENVS  # max priority then
+    rb.close()

@@ -16,6 +16,7 @@ from storage.sharding import (
     shard_for_env,
     shard_mass,
     split_batch,
+    split_by_shard,
 )
 
 Step = namedtuple("Step", ["observation"])
@@ -131,3 +132,20 @@ def test_split_and_shard_choice_rules():
     # A runner's environments stay together; runners are dealt round-robin.
     assert shard_for_env(range(8), 2, envs_per_runner=2).tolist() == [0, 0, 1, 1, 0, 0, 1, 1]
     assert shard_for_env([5], 3).tolist() == [2]
+
+
+def test_priority_updates_go_back_to_the_shard_that_holds_each_item():
+    shards, _ = setup(prioritized=True)
+    # A combined batch: rows from shards 2, 0, 2, 1 with their local env ids and positions.
+    shard_ids = [2, 0, 2, 1]
+    env_ids = torch.tensor([1, 0, 2, 0])
+    positions = torch.tensor([1, 7, 6, 2])
+    priorities = torch.tensor([4.0, 3.0, 2.0, 1.0])
+    groups = split_by_shard(shard_ids, env_ids, positions, priorities)
+    assert sorted(groups) == [0, 1, 2]
+    assert groups[2][0].tolist() == [1, 2] and groups[2][2].tolist() == [4.0, 2.0]
+    for shard, (e, p, prio) in groups.items():
+        assert bool(shards[shard].update_priority(e, p, prio).all())
+        assert shards[shard].sampler.priority[e * LENGTH + p % LENGTH].tolist() == prio.tolist()
+    with pytest.raises(ValueError, match="3 rows for 4 shard ids"):
+        split_by_shard(shard_ids, env_ids[:3])
