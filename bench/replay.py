@@ -385,6 +385,9 @@ def main(argv=None):
                 print(f"  target {label}: ours {results[ours]:.2f} us, {peer} "
                       f"{results[peer]:.2f} us, ratio {ratio:.2f} "
                       f"({'met' if ratio >= 1 else 'NOT met'})")
+            else:
+                targets[label] = None
+                print(f"  target {label}: NOT measured ({peer.split('.')[0]} skipped, below)")
         report["targets"][key] = targets
         for name, why in skipped.items():
             print(f"  skipped {name}: {why}")
