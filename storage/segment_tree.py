@@ -217,34 +217,29 @@ class SegmentTree:
                     and indices.ndim == 1
                     and values.ndim == 1
                 ):
-                    self._check_result(
-                        _tree_kernels.set_sum_leaves(
-                            self._host, self._layout, self._state, indices, values
-                        ),
-                        indices.shape,
-                        values.shape,
+                    result = _tree_kernels.set_sum_leaves(
+                        self._host, self._layout, self._state, indices, values
                     )
+                    if result <= _BAD_SHAPE:
+                        self._check_result(result, indices.shape, values.shape)
                     return
             elif (
                 type(indices) is torch.Tensor
                 and type(values) is torch.Tensor
                 and indices.dtype is torch.int64
-                and (values.dtype is torch.float32 or values.dtype is torch.float64)
+                and ((dtype := values.dtype) is torch.float32 or dtype is torch.float64)
                 and indices.is_cpu
                 and values.is_cpu
                 and indices.is_contiguous()
                 and values.is_contiguous()
             ):
                 n, m = indices.numel(), values.numel()
-                self._check_result(
-                    _tree_kernels.set_sum_leaves_at(
-                        indices.data_ptr(), n, values.data_ptr(), m,
-                        values.dtype is torch.float32,
-                        self._host, self._layout, self._state,
-                    ),
-                    (n,),
-                    (m,),
+                result = _tree_kernels.set_sum_leaves_at(
+                    indices.data_ptr(), n, values.data_ptr(), m, dtype is torch.float32,
+                    self._host, self._layout, self._state,
                 )
+                if result <= _BAD_SHAPE:
+                    self._check_result(result, (n,), (m,))
                 return
         if self._backend == "numba":
             idx = _numpy_of(indices, np.int64)
