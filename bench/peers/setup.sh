@@ -24,5 +24,5 @@ pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
 "$venv/bin/python" - <<'PY'
 import importlib.metadata, torch
 from torchrl._torchrl import SumSegmentTreeFp64  # the compiled extension loads
-print(f"peers ready: torch {torch.__version__}, cpprb {importlib.metadata.version("cpprb")}, TorchRL C++ trees")
+print(f"peers ready: torch {torch.__version__}, cpprb {importlib.metadata.version('cpprb')}, TorchRL C++ trees")
 PY
