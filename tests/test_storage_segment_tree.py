@@ -262,16 +262,19 @@ def test_restored_tree_holds_the_same_nodes_and_stays_so():
 
 
 @NUMBA
-def test_every_input_form_takes_the_same_writes_as_the_general_kernel():
+# 3, 4, 5 and 6 levels (the hot path's unrolled depths), and 13 (its level loop).
+@pytest.mark.parametrize("capacity, fanout", [(300, 16), (5000, 16), (2**17, 16),
+                                              (2**21, 16), (5000, 2)])
+def test_every_input_form_takes_the_same_writes_as_the_general_kernel(capacity, fanout):
     """The sum tree's hot path (numpy arrays, or tensors read by address) writes what the
     general ``set_leaves`` kernel writes, bit for bit, whatever form the input takes."""
     from storage import _tree_kernels
 
-    capacity = 5000
     gen = torch.Generator().manual_seed(6)
     start = torch.rand(capacity, generator=gen, dtype=torch.float64) + 0.01
-    reference = SumSegmentTree(capacity, backend="numba", fanout=16)
-    tree = SumSegmentTree(capacity, backend="numba", fanout=16)
+    reference = SumSegmentTree(capacity, backend="numba", fanout=fanout)
+    tree = SumSegmentTree(capacity, backend="numba", fanout=fanout)
+    assert tree.num_levels in (3, 4, 5, 6, 13)
     for t in (reference, tree):
         t.fill(start)
     values, layout, state = reference.kernel_arrays()
