@@ -15,14 +15,20 @@ time would not. The operations:
       discount, 4-float observation) given as numpy arrays to both (``add_batch_torch``:
       ours given torch tensors)
 
-for Conduit (default kernel, plus every other tree kernel for (a)/(b)), a level-by-level
-binary torch tree in ALF's design, cpprb's PrioritizedReplayBuffer and TorchRL's
-prioritized buffer and C++ segment trees when they import (optional: TorchRL's compiled
-extension needs the torch it was built for; a peer that does not import is reported as
-skipped with the reason). The last line is one JSON object with every time and the
-ratios peer / ours (above 1 means we are faster).
+for Conduit (default kernel, plus every other tree kernel for (a)/(b); ``update_numpy``:
+the raw tree given the same numpy arrays as TorchRL's), a level-by-level binary torch tree
+in ALF's design, cpprb's PrioritizedReplayBuffer and TorchRL's prioritized buffer and C++
+segment trees. The peers run in a second process (``bench/peers/peer_bench.py``) under
+the python of ``bench/.venv-peers``, which ``bash bench/peers/setup.sh`` builds with the
+torch that TorchRL's compiled extension was built for (2.14.1; the project keeps its own);
+the two processes take their rounds in turn. Without that venv the peers run under this
+python, and a peer that does not import there is reported as skipped with the reason.
+The last line is one JSON object with every time and the ratios peer / ours (above 1
+means we are faster); the lines before it give the two targets (the raw tree update
+against TorchRL's C++ tree, ``add_batch`` against cpprb) with both figures.
 
-    python bench/replay.py [--capacities 17 20] [--batch 256] [--quick]
+    bash bench/peers/setup.sh      # once: bench/.venv-peers (torch 2.14.1, TorchRL, cpprb)
+    python bench/replay.py [--capacities 17 20] [--batch 256] [--quick] [--peers-python PY]
 
 ``--memory STEPS`` instead reports the replay memory of STEPS Atari transitions (84x84 uint8
 frames stored once, stacks of 4 rebuilt at sample time, PER with a beta), as the replay store
@@ -39,59 +45,77 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(HERE, "peers"))
+
+from peer_bench import (  # noqa: E402
+    FRESH_SETS,
+    NUM_ENVS,
+    alternating,
+    cycling,
+    one_round,
+    step_inputs,
+    tree_inputs,
+    warm_up,
+)
 
 from storage import PER, ReplayBuffer, SumSegmentTree, TensorSpec  # noqa: E402
 from storage.segment_tree import available_backends, default_backend  # noqa: E402
 
-NUM_ENVS = 16
+PEERS_VENV_PYTHON = os.path.join(HERE, ".venv-peers", "bin", "python")
 
 
-def measure(contenders: dict, rounds: int) -> dict[str, float]:
-    """Best mean µs per call of each ``name: (fn, calls)``, rounds interleaved."""
-    for fn, calls in contenders.values():
-        for _ in range(min(calls, 20)):
-            fn()
-    best = dict.fromkeys(contenders, float("inf"))
+class Peers:
+    """``bench/peers/peer_bench.py`` in a child process, one round per ``round()``."""
+
+    def __init__(self, python: str, capacity: int, batch: int, calls: int):
+        script = os.path.join(HERE, "peers", "peer_bench.py")
+        self.proc = subprocess.Popen(
+            [python, script, "--capacity", str(capacity), "--batch", str(batch),
+             "--calls", str(calls)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        self.info = self._read()
+
+    def _read(self) -> dict:
+        for line in self.proc.stdout:  # peers may log to stdout: skip what is not JSON
+            if line.startswith("{"):
+                return json.loads(line)
+        raise RuntimeError(f"peer process exited with {self.proc.wait()}")
+
+    def round(self) -> dict[str, float]:
+        self.proc.stdin.write("round\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        self.proc.stdin.write("quit\n")
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def measure(contenders: dict, rounds: int, peers: Peers | None = None) -> dict[str, float]:
+    """Best mean µs per call of each ``name: (fn, calls)`` and of each peer, rounds
+    interleaved (ours, then the peers' process, round after round)."""
+    warm_up(contenders)
+    best: dict[str, float] = {}
     for _ in range(rounds):
-        for name, (fn, calls) in contenders.items():
-            start = time.process_time()
-            for _ in range(calls):
-                fn()
-            best[name] = min(best[name], (time.process_time() - start) / calls * 1e6)
+        times = one_round(contenders)
+        if peers is not None:
+            times |= peers.round()
+        for name, value in times.items():
+            best[name] = min(best.get(name, float("inf")), value)
     return best
-
-
-def alternating(fn, *pairs):
-    """A call of ``fn`` whose arguments alternate between ``pairs[i][0]`` and ``[1]``."""
-    args = [tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)]
-    turn = [0]
-
-    def call():
-        turn[0] ^= 1
-        return fn(*args[turn[0]])
-
-    return call
-
-
-def cycling(fn, inputs):
-    """A call of ``fn`` on the next of ``inputs`` (fresh data without drawing it in the loop)."""
-    turn = [0]
-
-    def call():
-        turn[0] = (turn[0] + 1) % len(inputs)
-        return fn(inputs[turn[0]])
-
-    return call
 
 
 class BinaryTorchTree:
@@ -128,9 +152,6 @@ class BinaryTorchTree:
         return nodes - self.leaf0
 
 
-FRESH_SETS = 128  # threshold sets cycled through, so searches do not hit a warm cache
-
-
 def bench_ours(capacity, batch, calls):
     gen = torch.Generator().manual_seed(0)
     idx = torch.randint(capacity, (batch,), generator=gen)
@@ -147,6 +168,15 @@ def bench_ours(capacity, batch, calls):
         n = max(calls // 10, 20) if backend == "torch" else calls
         update = alternating(tree.__setitem__, (idx, idx), prios)
         contenders[f"conduit_tree[{backend}].update"] = (update, n)
+        if backend == "numba":
+            # The same tree and the same numpy arrays as TorchRL's C++ tree is given.
+            same = SumSegmentTree(capacity, backend=backend)
+            leaves_np, idx_np, vals_np = tree_inputs(capacity, batch)
+            same.fill(torch.from_numpy(leaves_np))
+            contenders["conduit_tree[numba].update_numpy"] = (
+                alternating(same.__setitem__, (idx_np, idx_np), vals_np),
+                n,
+            )
         search = cycling(tree.find_sum_bound, thresholds)
         contenders[f"conduit_tree[{backend}].sample_indices"] = (search, n)
 
@@ -165,8 +195,8 @@ def bench_ours(capacity, batch, calls):
     update = rb.update_priority
     as_numpy = [t.numpy() for t in (env_ids, positions, *prios)]
     g = torch.Generator().manual_seed(1)
-    step = _step_batch(NUM_ENVS, 0)
-    step_numpy = {k: v.numpy() for k, v in step.items()}  # what cpprb's add is given
+    step_numpy = step_inputs()  # what cpprb's add is given
+    step = {k: torch.from_numpy(v) for k, v in step_numpy.items()}
     contenders |= {
         "conduit_buffer.update": (
             alternating(update, (env_ids, env_ids), (positions, positions), prios),
@@ -186,15 +216,6 @@ def bench_ours(capacity, batch, calls):
         "conduit_buffer.add_batch_torch": (lambda: rb.add_batch(step), calls),
     }
     return contenders
-
-
-def _step_batch(n, t):
-    return {
-        "step_type": torch.ones(n, dtype=torch.int64),
-        "reward": torch.ones(n),
-        "discount": torch.ones(n),
-        "observation": torch.full((n, 4), float(t)),
-    }
 
 
 def _bulk_fill(rb, capacity):
@@ -227,73 +248,19 @@ def bench_alf_tree(capacity, batch, calls):
     }
 
 
-def bench_cpprb(capacity, batch, calls, skipped):
-    try:
-        import cpprb
-    except ImportError as exc:
-        skipped["cpprb"] = f"not importable: {exc}"
-        return {}
-    # The same four fields our buffer stores (step type, reward, discount, observation).
-    fields = {"obs": {"shape": 4}, "step_type": {"dtype": np.int64}, "rew": {}, "discount": {}}
-    rb = cpprb.PrioritizedReplayBuffer(capacity, fields, alpha=0.6)
-    chunk = 65536
-    for _ in range(capacity // chunk):
-        rb.add(obs=np.random.rand(chunk, 4), step_type=np.ones(chunk, dtype=np.int64),
-               rew=np.ones(chunk), discount=np.ones(chunk),
-               priorities=np.random.rand(chunk) + 0.1)
-    idx = np.random.default_rng(0).integers(0, capacity, batch)
-    prios = [np.random.default_rng(seed).random(batch) + 0.1 for seed in (1, 2)]
-    update = rb.update_priorities
-    step = {"obs": np.random.rand(NUM_ENVS, 4), "step_type": np.ones(NUM_ENVS, dtype=np.int64),
-            "rew": np.ones(NUM_ENVS), "discount": np.ones(NUM_ENVS)}
-    return {
-        "cpprb.update": (alternating(update, (idx, idx), prios), calls),
-        "cpprb.update_repeated": (lambda: update(idx, prios[0]), calls),
-        "cpprb.get_batch": (lambda: rb.sample(batch, beta=0.4), calls),
-        "cpprb.add_batch": (lambda: rb.add(**step), calls),
-    }
-
-
-def bench_torchrl(capacity, batch, calls, skipped):
-    try:
-        from tensordict import TensorDict
-        from torchrl._torchrl import SumSegmentTreeFp64
-        from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
-    except Exception as exc:  # ImportError, or a compiled extension built for another torch
-        skipped["torchrl"] = f"not importable with torch {torch.__version__}: {exc!s:.160}"
-        return {}
-    tree = SumSegmentTreeFp64(capacity)
-    tree[np.arange(capacity)] = np.random.rand(capacity) + 0.01
-    idx = np.random.default_rng(0).integers(0, capacity, batch)
-    vals = [np.random.rand(batch) for _ in range(2)]
-    total = tree.query(0, capacity)
-    thresholds = [np.random.rand(batch) * total for _ in range(FRESH_SETS)]
-    rb = TensorDictPrioritizedReplayBuffer(
-        alpha=0.6, beta=0.4, storage=LazyTensorStorage(capacity), batch_size=batch
-    )
-    chunk = 65536
-    for _ in range(capacity // chunk):
-        rb.extend(TensorDict({"obs": torch.rand(chunk, 4)}, batch_size=[chunk]))
-    index = rb.sample()["index"]
-    prios = [torch.rand(batch) + 0.1 for _ in range(2)]
-    return {
-        "torchrl_cpp_tree.update": (alternating(tree.__setitem__, (idx, idx), vals), calls),
-        "torchrl_cpp_tree.sample_indices": (cycling(tree.scan_lower_bound, thresholds), calls),
-        "torchrl_buffer.get_batch": (lambda: rb.sample(), calls // 4),
-        "torchrl_buffer.update": (
-            alternating(rb.update_priority, (index, index), prios),
-            calls // 4,
-        ),
-    }
-
-
 PEER_FOR = {
-    "update": ["torchrl_cpp_tree", "cpprb", "torchrl_buffer", "alf_binary_torch_tree"],
+    "update": ["cpprb", "torchrl_buffer", "alf_binary_torch_tree"],
     "update_repeated": ["cpprb"],
     "sample_indices": ["torchrl_cpp_tree", "alf_binary_torch_tree"],
     "get_batch": ["cpprb", "torchrl_buffer"],
     "add_batch": ["cpprb"],
 }
+# The issue-13 targets: (label, ours, peer).
+TARGETS = [
+    ("raw sum-tree update, 256 leaves (numpy in)", "conduit_tree[numba].update_numpy",
+     "torchrl_cpp_tree.update"),
+    ("add_batch, 16 envs, 4 fields (numpy in)", "conduit_buffer.add_batch", "cpprb.add_batch"),
+]
 
 
 def atari_memory(steps: int, scratch: str | None, num_envs: int = 8, k: int = 4) -> dict:
@@ -353,6 +320,8 @@ def main(argv=None):
     parser.add_argument("--memory", type=int, metavar="STEPS",
                         help="report the replay memory of STEPS Atari transitions instead")
     parser.add_argument("--scratch", help="directory for --memory's mapped files (default: tmp)")
+    parser.add_argument("--peers-python", help="python that runs the peers (default: "
+                        "bench/.venv-peers' if bash bench/peers/setup.sh made it, else this one)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.memory:
@@ -362,6 +331,9 @@ def main(argv=None):
         print(json.dumps(report))
         return
     calls, rounds = (50, 2) if args.quick else (200, 15)
+    peers_python = args.peers_python or (
+        PEERS_VENV_PYTHON if os.path.exists(PEERS_VENV_PYTHON) else sys.executable
+    )
     report = {
         "batch": args.batch,
         "threads": torch.get_num_threads(),
@@ -370,16 +342,19 @@ def main(argv=None):
         "default_tree_kernel": default_backend("cpu"),
         "results_us": {},
         "ratios_peer_over_ours": {},
+        "targets": {},
         "skipped": {},
     }
     for log2 in args.capacities:
         capacity = 2**log2
-        skipped = {}
         contenders = bench_ours(capacity, args.batch, calls)
         contenders |= bench_alf_tree(capacity, args.batch, calls)
-        contenders |= bench_cpprb(capacity, args.batch, calls, skipped)
-        contenders |= bench_torchrl(capacity, args.batch, calls, skipped)
-        results = measure(contenders, rounds)
+        peers = Peers(peers_python, capacity, args.batch, calls)
+        skipped = peers.info["skipped"]
+        report["peers_torch"] = peers.info["torch"]
+        report["peers_python"] = peers.info["python"]
+        results = measure(contenders, rounds, peers)
+        peers.close()
         del contenders  # frees this capacity's buffers before the next
         key = f"2^{log2}"
         report["results_us"][key] = {k: round(v, 1) for k, v in results.items()}
@@ -400,6 +375,20 @@ def main(argv=None):
                 if f"{peer}.{op}" in results:
                     ratios[f"{peer}.{op}"] = round(results[f"{peer}.{op}"] / ours_for[op], 2)
         report["ratios_peer_over_ours"][key] = ratios
+        targets = {}
+        for label, ours, peer in TARGETS:
+            if peer in results:
+                ratio = results[peer] / results[ours]
+                targets[label] = {"ours_us": round(results[ours], 2),
+                                  "peer_us": round(results[peer], 2), "peer": peer,
+                                  "ratio_peer_over_ours": round(ratio, 2)}
+                print(f"  target {label}: ours {results[ours]:.2f} us, {peer} "
+                      f"{results[peer]:.2f} us, ratio {ratio:.2f} "
+                      f"({'met' if ratio >= 1 else 'NOT met'})")
+            else:
+                targets[label] = None
+                print(f"  target {label}: NOT measured ({peer.split('.')[0]} skipped, below)")
+        report["targets"][key] = targets
         for name, why in skipped.items():
             print(f"  skipped {name}: {why}")
     print(json.dumps(report))

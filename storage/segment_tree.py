@@ -34,6 +34,11 @@ try:  # numba is a dependency; without it (a broken install) trees fall back to 
 except ImportError:  # pragma: no cover - exercised where numba is absent
     _tree_kernels = None
 
+# Error codes below every real result (kernel results are changes in the non-zero count).
+_BAD_SHAPE = -(2**62) + 2
+_INT64 = np.dtype(np.int64)
+_FLOAT64 = np.dtype(np.float64)
+
 DEFAULT_FANOUT = 16
 _OP_CODES = {"sum": 0, "min": 1, "max": 2}
 
@@ -126,6 +131,8 @@ class SegmentTree:
         ]
         self._root = self._values[-1:]
         self._host = self._values.numpy() if backend == "numba" else None
+        # Sum trees with a power-of-two fanout take the numba hot path (set_sum_leaves).
+        self._sum_kernel = backend == "numba" and self._op == "sum" and self._layout[2] >= 0
 
     @property
     def capacity(self) -> int:
@@ -200,9 +207,49 @@ class SegmentTree:
         ``values`` may be a scalar. Duplicate indices in one call: the value given last
         wins, and the leaf counts once (in ``nnz`` as everywhere else).
         """
+        if self._sum_kernel:
+            # The hot path of a numba sum tree: 1-D int64 / float64 numpy arrays, or
+            # contiguous CPU tensors read by address, go straight to the kernel.
+            if type(indices) is np.ndarray and type(values) is np.ndarray:
+                if (
+                    indices.dtype is _INT64
+                    and values.dtype is _FLOAT64
+                    and indices.ndim == 1
+                    and values.ndim == 1
+                ):
+                    result = _tree_kernels.set_sum_leaves(
+                        self._host, self._layout, self._state, indices, values
+                    )
+                    if result <= _BAD_SHAPE:
+                        self._check_result(result, indices.shape, values.shape)
+                    return
+            elif (
+                type(indices) is torch.Tensor
+                and type(values) is torch.Tensor
+                and indices.dtype is torch.int64
+                and ((dtype := values.dtype) is torch.float32 or dtype is torch.float64)
+                and indices.is_cpu
+                and values.is_cpu
+                and indices.is_contiguous()
+                and values.is_contiguous()
+            ):
+                n, m = indices.numel(), values.numel()
+                result = _tree_kernels.set_sum_leaves_at(
+                    indices.data_ptr(), n, values.data_ptr(), m, dtype is torch.float32,
+                    self._host, self._layout, self._state,
+                )
+                if result <= _BAD_SHAPE:
+                    self._check_result(result, (n,), (m,))
+                return
         if self._backend == "numba":
             idx = _numpy_of(indices, np.int64)
             vals = _numpy_of(values, np.float64)
+            if self._sum_kernel:
+                result = _tree_kernels.set_sum_leaves(
+                    self._host, self._layout, self._state, idx, vals
+                )
+                self._check_result(result, idx.shape, vals.shape)
+                return
             if vals.size == 1 and idx.size != 1:
                 vals = np.full(idx.shape, vals[0])
         else:
@@ -211,22 +258,32 @@ class SegmentTree:
             if vals.shape[0] == 1 and idx.shape[0] != 1:
                 vals = vals.expand(idx.shape[0])
         if idx.shape != vals.shape:
-            raise ValueError(
-                f"indices and values must have the same length, got {tuple(idx.shape)} "
-                f"and {tuple(vals.shape)}"
-            )
+            self._check_result(_BAD_SHAPE, idx.shape, vals.shape)
         if idx.shape[0] == 0:
             return
         if self._backend == "numba":
-            result = _tree_kernels.set_leaves(
-                self._host, self._layout, self._state, self._op_code, idx, vals
+            self._check_result(
+                _tree_kernels.set_leaves(
+                    self._host, self._layout, self._state, self._op_code, idx, vals
+                ),
+                idx.shape,
+                vals.shape,
             )
-            if result == _tree_kernels.BAD_INDEX:
-                raise IndexError(f"{self._name}: indices must lie in [0, {self._capacity})")
-            if result == _tree_kernels.BAD_VALUE:
-                raise ValueError(f"{self._name}: sum-tree leaves must be finite and >= 0")
         else:
             self._set_torch(idx, vals)
+
+    def _check_result(self, result: int, idx_shape, vals_shape) -> None:
+        """Raise for a kernel's error code (nothing was written then)."""
+        if result > _BAD_SHAPE:
+            return
+        if result == _BAD_SHAPE:
+            raise ValueError(
+                f"indices and values must have the same length, got {tuple(idx_shape)} "
+                f"and {tuple(vals_shape)}"
+            )
+        if result == _tree_kernels.BAD_INDEX:
+            raise IndexError(f"{self._name}: indices must lie in [0, {self._capacity})")
+        raise ValueError(f"{self._name}: sum-tree leaves must be finite and >= 0")
 
     def _set_torch(self, idx, vals):
         if bool((idx.min() < 0) | (idx.max() >= self._capacity)):

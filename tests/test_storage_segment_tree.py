@@ -259,3 +259,48 @@ def test_restored_tree_holds_the_same_nodes_and_stays_so():
         a[idx] = vals
         b[idx] = vals
     assert torch.equal(a._values, b._values)
+
+
+@NUMBA
+# 3, 4, 5 and 6 levels (the hot path's unrolled depths), and 13 (its level loop).
+@pytest.mark.parametrize("capacity, fanout", [(300, 16), (5000, 16), (2**17, 16),
+                                              (2**21, 16), (5000, 2)])
+def test_every_input_form_takes_the_same_writes_as_the_general_kernel(capacity, fanout):
+    """The sum tree's hot path (numpy arrays, or tensors read by address) writes what the
+    general ``set_leaves`` kernel writes, bit for bit, whatever form the input takes."""
+    from storage import _tree_kernels
+
+    gen = torch.Generator().manual_seed(6)
+    start = torch.rand(capacity, generator=gen, dtype=torch.float64) + 0.01
+    reference = SumSegmentTree(capacity, backend="numba", fanout=fanout)
+    tree = SumSegmentTree(capacity, backend="numba", fanout=fanout)
+    assert tree.num_levels in (3, 4, 5, 6, 13)
+    for t in (reference, tree):
+        t.fill(start)
+    values, layout, state = reference.kernel_arrays()
+    idx = torch.randint(capacity, (512,), generator=gen)  # repeats: the last write wins
+    vals = torch.rand(512, generator=gen) + 0.5
+    forms = [
+        (idx.numpy(), vals.double().numpy()),  # numpy fast path
+        (idx, vals),  # float32 tensors by address
+        (idx, vals.double()),  # float64 tensors by address
+        (idx[::2], vals[::2]),  # not contiguous: converted
+        (idx.tolist(), vals.tolist()),  # lists: converted
+        (idx.numpy().astype(np.int32), vals.numpy()),  # other dtypes: converted
+        (idx[:7], 2.5),  # one value for all
+    ]
+    for given_idx, given_vals in forms:
+        tree[given_idx] = given_vals
+        i = np.asarray(given_idx, dtype=np.int64).reshape(-1)
+        v = np.broadcast_to(np.asarray(given_vals, dtype=np.float64), i.shape).copy()
+        _tree_kernels.set_leaves(values, layout, state, 0, i, v)
+        assert np.array_equal(tree.kernel_arrays()[0], values)
+        assert tree.nnz == reference.nnz
+    for bad_idx in (np.array([0, capacity]), torch.tensor([-1, 3])):
+        with pytest.raises(IndexError):
+            tree[bad_idx] = np.array([1.0, 1.0])
+    with pytest.raises(ValueError, match="finite"):
+        tree[torch.tensor([1, 2])] = torch.tensor([1.0, float("nan")])
+    with pytest.raises(ValueError, match="same length"):
+        tree[np.array([1, 2, 3])] = np.array([1.0, 2.0])
+    assert np.array_equal(tree.kernel_arrays()[0], values)  # failed calls wrote nothing
