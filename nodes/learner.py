@@ -127,7 +127,7 @@ class Learner:
         await self.params.send(Params(self.version, self.env_steps,
                                       self.alg.policy_state_dict(), self.epoch))
         self.probe.record(self.alg, self.version)
-        self.node.status.update(version=self.version, epoch=self.epoch)
+        self.node.status.update(version=self.version, epoch=str(self.epoch))  # not a figure to show
 
     async def after_update(self, metrics: dict) -> None:
         self.iteration += 1

@@ -98,7 +98,7 @@ class Unroller:
             self.alg.load_policy_state_dict(msg.params)
             self.epoch, self.version = msg.epoch, msg.version
             self.unrolls_at_version = 0
-            self.node.status.update(version=self.version, epoch=self.epoch)
+            self.node.status.update(version=self.version, epoch=str(self.epoch))  # not a figure to show
             self.probe.record(self.alg, self.version)
 
     async def wait_for_params(self) -> None:
