@@ -26,6 +26,7 @@ import numpy as np
 from algorithms.envs import make_env as make_vector_env
 from algorithms.steps import StepType, TimeStep, VectorEnvStepper
 from nodes.messages import ActionBatch, Metrics, TimeStepBatch
+from pipeline.config import ConfigError
 from pipeline.ports import Port, Ports, Service
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,8 @@ log = logging.getLogger(__name__)
 class Config:
     env_id: str = field(metadata={
         "doc": "a Gymnasium id, ALE/<Game>-v5, <Game>NoFrameskip-v4 or MinAtar/<Game>-v1"})
-    num_envs: int = field(default=1, metadata={"doc": "environments in this runner"})
+    num_envs: int = field(default=1, metadata={"doc": "environments in this runner",
+                                               "minimum": 1})
     env_kwargs: dict = field(default_factory=dict, metadata={
         "doc": "gymnasium.make kwargs; Atari/MinAtar: preprocessing options (algorithms.envs)"})
     seed: int = field(default=0, metadata={"doc": "base seed; replica r uses seed + 1000 r"})
@@ -45,7 +47,15 @@ class Config:
     max_steps: int | None = field(default=None, metadata={
         "doc": "finish after this many env steps (all envs together); None: run until stopped"})
     env_groups: int = field(default=1, metadata={
-        "doc": "split the envs into groups that step while the others wait for actions"})
+        "doc": "split the envs into groups that step while the others wait for actions",
+        "minimum": 1})
+
+
+def validate(config: Config) -> None:
+    """Checked at graph load, so a bad split is one line naming the key, not a crash loop."""
+    if config.num_envs % config.env_groups:
+        raise ConfigError("env_groups", f"must divide num_envs ({config.num_envs}), "
+                                        f"got {config.env_groups}")
 
 
 def make_env(config: Config, seed: int, num_envs: int) -> gym.vector.VectorEnv:

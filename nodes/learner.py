@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Config(AlgorithmConfig):
     num_env_steps: int = field(default=100_000, metadata={"doc": "env-step budget of the run"})
-    mini_batch_size: int = field(default=256, metadata={"doc": "replay batch size B"})
+    mini_batch_size: int = field(default=256, metadata={"doc": "replay batch size B", "minimum": 1})
     mini_batch_length: int | None = field(default=None, metadata={
         "doc": "replay window T (default: the algorithm's)"})
     prioritized: bool = field(default=False, metadata={
