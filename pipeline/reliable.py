@@ -253,9 +253,13 @@ class ReliablePublisher:
             return
         count = len(records)
         envelopes = [r.frames[0] for r in records]
-        buffers = [f for r in records if len(r.frames) > 1 for f in r.frames[1:]]
-        table = struct.pack(f"<{2 * count}I", *map(len, envelopes),
-                            *[len(r.frames) - 1 for r in records])
+        if all(len(r.frames) == 1 for r in records):  # small messages: no array frames
+            buffers = []
+            table = struct.pack(f"<{count}I{count}x{3 * count}x", *map(len, envelopes))
+        else:
+            buffers = [f for r in records if len(r.frames) > 1 for f in r.frames[1:]]
+            table = struct.pack(f"<{2 * count}I", *map(len, envelopes),
+                                *[len(r.frames) - 1 for r in records])
         head = b"".join([_BATCH_HEAD.pack(_BATCH, first, count), table, *envelopes])
         # bytes are copied on send; a large head goes in place (it is immutable).
         self._channel.send([member.routing_id,
@@ -606,7 +610,8 @@ class ReliableSubscriber:
         conn = self._last
         if conn is not None:
             self._last = None
-            watermark = self.bus.watermark()
+            # (a node without reliable outputs has no watermark: skip asking for it)
+            watermark = self.bus.watermark() if self.bus._reliable else ()
             if watermark or self._waiting:
                 # End to end: what this node published while handling the message must be
                 # acknowledged downstream before the message is, or a crash here would lose it.
