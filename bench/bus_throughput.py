@@ -22,6 +22,12 @@ second. Targets (issues 2 and 13): >= 0.5 at 64 B, >= 0.9 at 4 KiB, >= 0.7 at 64
 pyzmq's garbage-collector threads too) and minor page faults per message, steadier than rates
 on a shared machine. ``--verbose`` prints every run.
 
+``--one-process COUNT`` runs both ends on one loop instead and prints CPU µs per message;
+under callgrind, (instructions at 4000 - at 1000) / 3000 is the per-message cost of both ends:
+
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+        .venv/bin/python bench/bus_throughput.py --sizes 64B --one-process 4000
+
 ``--profile DIR`` runs our side once more per size under cProfile and writes
 ``DIR/{pub,sub}-<size>.prof``.
 
@@ -198,6 +204,51 @@ def _raw_role(role: str, endpoint: str, size: int, seconds: float, conn, profile
     sock.close(linger=-1)  # raw side: let the end marker go out
     ctx.term()
     conn.send(result)
+
+
+# --- both ends in one process --------------------------------------------------------------------
+
+
+async def _one_process(size: int, count: int) -> dict:
+    """Publisher and subscriber on one loop: the CPU of both ends per message, with no second
+    process to schedule. Under ``valgrind --tool=callgrind`` the difference between two counts
+    gives instructions per message, which a loaded machine does not change."""
+    import numpy as np
+
+    from pipeline.bus import Bus, TopicSpec
+    from pipeline.messages import Record
+
+    endpoint = f"ipc://{tempfile.mkdtemp(prefix='conduit-bench-')}/one"
+    topics = {TOPIC: TopicSpec("reliable", HWM)}
+    pub_bus = Bus("source.0~0", "source", topics, {TOPIC: endpoint}, {TOPIC: ["sink"]})
+    sub_bus = Bus("sink.0~0", "sink", topics, {}, {})
+    try:
+        pub = pub_bus.publisher(TOPIC)
+        sub_bus.set_peers({TOPIC: [endpoint]}, {})
+        sub = sub_bus.subscriber(TOPIC)
+        payload = np.zeros(size, dtype=np.uint8)
+
+        async def produce():
+            for i in range(count):
+                await pub.send(Record(origin=i, data=payload))
+            await pub.send(Record(origin=-1, data=None))
+
+        usage = _Usage()
+        producer = asyncio.ensure_future(produce())
+        received = 0
+        async for envelope in sub:
+            if envelope.message.origin < 0:
+                break
+            received += 1
+        await producer
+        await pub.flush(30)
+        if received != count or sub.stats.gaps or sub.stats.malformed:
+            raise RuntimeError(f"one process: {received} of {count} received, "
+                               f"gaps {sub.stats.gaps}, malformed {sub.stats.malformed}")
+        return usage.since(count)
+    finally:
+        sub_bus.close()
+        pub_bus.close()
 
 
 # --- request/reply round trips -------------------------------------------------------------------
@@ -379,7 +430,18 @@ def main(argv=None) -> int:
     parser.add_argument("--verbose", action="store_true", help="print every run")
     parser.add_argument("--rtt-count", type=int, default=5000,
                         help="request/reply round trips per run (0: skip)")
+    parser.add_argument("--one-process", type=int, metavar="COUNT",
+                        help="only send COUNT messages per size with both ends in this process "
+                             "and print CPU µs per message (for callgrind)")
     args = parser.parse_args(argv)
+    if args.one_process:
+        import uvloop
+
+        for label in args.sizes.split(","):
+            usage = uvloop.run(_one_process(SIZES[label], args.one_process))
+            print(f"{label}: {args.one_process} messages, both ends in one process: "
+                  f"{usage['cpu_us']:.2f} µs CPU per message")
+        return 0
 
     started = time.perf_counter()
     best: dict[str, dict[str, dict]] = {}
