@@ -129,7 +129,7 @@ _SIMPLE_TYPES = {"int": (int,), "float": (float, int), "str": (str,), "bool": (b
 # Caches shared by every thread (a dict operation is atomic); those filled from what peers send
 # are bounded, since a peer may send anything.
 _KINDS: dict[type, _Kind] = {}
-_SENDER_BYTES: dict[str, bytes] = {}
+_NAMES: dict[tuple, tuple] = {}  # (kind bytes, sender) -> (both joined, kind length, sender's)
 _SENDERS: dict[bytes, str] = {}
 _DESCRIPTORS: dict[tuple, bytes] = {}  # (dtype code, shape, flags) -> descriptor
 _SPECS: dict[bytes, _Spec] = {}  # descriptor -> what it was checked to describe
@@ -179,6 +179,12 @@ def _maker(cls, fields):
     namespace = {"new": object.__new__, "cls": cls}
     exec("\n".join(lines), namespace)  # field names only: identifiers, checked above
     return namespace["make"]
+
+
+def _names(name: bytes, sender: str) -> tuple:
+    sender_bytes = sender.encode()
+    return _remember(_NAMES, (name, sender),
+                     (name + sender_bytes, len(name), len(sender_bytes)))
 
 
 def _remember(cache: dict, key, value):
@@ -281,17 +287,16 @@ def encode(msg: Any, sender: str = "", seq: int = 0) -> list:
         enc.packer.reset()  # a failed pack leaves partial bytes behind
         enc.table, enc.inline, enc.frames, enc.depth = [], [], [], 0
         raise
-    sender_bytes = _SENDER_BYTES.get(sender) or _remember(_SENDER_BYTES, sender, sender.encode())
-    name = kind.name_bytes
+    # kind and sender as they follow the header, with their lengths: one lookup per message
+    names = _NAMES.get((kind.name_bytes, sender)) or _names(kind.name_bytes, sender)
     if not enc.table:
-        return [b"".join([_HEADER.pack(SCHEMA_VERSION, len(name), len(sender_bytes), 0,
-                                       len(body), seq, time.time()),
-                          name, sender_bytes, body])]
+        return [b"".join([_HEADER.pack(SCHEMA_VERSION, names[1], names[2], 0, len(body), seq,
+                                       time.time()), names[0], body])]
     table, inline, frames = b"".join(enc.table), enc.inline, enc.frames
     enc.table, enc.inline, enc.frames = [], [], []
-    envelope = b"".join([_HEADER.pack(SCHEMA_VERSION, len(name), len(sender_bytes), len(table),
+    envelope = b"".join([_HEADER.pack(SCHEMA_VERSION, names[1], names[2], len(table),
                                       len(body), seq, time.time()),
-                         name, sender_bytes, table, body, *inline])
+                         names[0], table, body, *inline])
     return [envelope, *frames] if frames else [envelope]
 
 

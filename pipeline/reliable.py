@@ -88,7 +88,7 @@ class _Msg:
 
     def __init__(self, seq: int, frames: list, remaining: int):
         self.seq, self.frames, self.remaining = seq, frames, remaining
-        self.nbytes = len(frames[0]) if len(frames) == 1 else sum(map(_nbytes, frames))
+        self.nbytes = sum(map(_nbytes, frames)) if len(frames) > 1 else len(frames[0])
 
 
 @dataclass
@@ -166,10 +166,12 @@ class ReliablePublisher:
             backlog.append(record)
             # Pumps run on every change of credit or membership and stop only when the backlog
             # is empty or no member has credit: a backlog that was not empty has nobody to go to.
-            if len(backlog) == 1:
+            length = len(backlog)
+            if length == 1:
                 self._pump(group)
-            if len(backlog) > depth:
-                depth = len(backlog)
+                length = len(backlog)
+            if length > depth:
+                depth = length
         stats.depth = depth
         stats.sent += 1
         if self.tap.subscribers:
