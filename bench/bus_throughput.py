@@ -17,18 +17,32 @@ For each payload size (64 B, 4 KiB, 64 KiB, 1 MiB) two processes (spawned) move 
 The receiver measures: rate = messages after a warm-up / time from the warm-up to the last
 message. Raw and ours alternate inside each size and the best of ``--repeats`` is kept (the
 machine is shared). The last line is one JSON object; ``ratios`` are ours / raw messages per
-second. Targets (issue 2): >= 0.7 at 64 KiB and 1 MiB, >= 0.5 at 4 KiB. The table also gives
-each side's CPU time per message (publisher + subscriber process, every thread: zmq's I/O and
+second. Targets (issues 2 and 13): >= 0.5 at 64 B, >= 0.9 at 4 KiB, >= 0.7 at 64 KiB and
+1 MiB. The table also gives each side's CPU time per message (publisher + subscriber process, every thread: zmq's I/O and
 pyzmq's garbage-collector threads too) and minor page faults per message, steadier than rates
 on a shared machine. ``--verbose`` prints every run.
 
+``--one-process COUNT`` runs both ends on one loop instead and prints CPU µs per message;
+under callgrind, (instructions at 4000 - at 1000) / 3000 is the per-message cost of both ends:
+
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+        .venv/bin/python bench/bus_throughput.py --sizes 64B --one-process 4000
+
 ``--profile DIR`` runs our side once more per size under cProfile and writes
 ``DIR/{pub,sub}-<size>.prof``.
+
+Request/reply round trips (``--rtt-count``, 0 to skip): a client process sends a 64-byte
+``Record`` request and waits for the echoed reply, one at a time, through
+:class:`pipeline.reqrep.ServiceClient` / ``ServiceServer`` (uvloop, the env runner's path), and
+the same through raw blocking pyzmq DEALER -> ROUTER with the bare 64 bytes. p50 and p99 of the
+round-trip times after a warm-up, both sides alternating ``--repeats`` times; the best p50 run of
+each is kept.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import multiprocessing as mp
 import os
@@ -192,6 +206,157 @@ def _raw_role(role: str, endpoint: str, size: int, seconds: float, conn, profile
     conn.send(result)
 
 
+# --- both ends in one process --------------------------------------------------------------------
+
+
+async def _one_process(size: int, count: int) -> dict:
+    """Publisher and subscriber on one loop: the CPU of both ends per message, with no second
+    process to schedule. Under ``valgrind --tool=callgrind`` the difference between two counts
+    gives instructions per message, which a loaded machine does not change."""
+    import numpy as np
+
+    from pipeline.bus import Bus, TopicSpec
+    from pipeline.messages import Record
+
+    endpoint = f"ipc://{tempfile.mkdtemp(prefix='conduit-bench-')}/one"
+    topics = {TOPIC: TopicSpec("reliable", HWM)}
+    pub_bus = Bus("source.0~0", "source", topics, {TOPIC: endpoint}, {TOPIC: ["sink"]})
+    sub_bus = Bus("sink.0~0", "sink", topics, {}, {})
+    try:
+        pub = pub_bus.publisher(TOPIC)
+        sub_bus.set_peers({TOPIC: [endpoint]}, {})
+        sub = sub_bus.subscriber(TOPIC)
+        payload = np.zeros(size, dtype=np.uint8)
+
+        async def produce():
+            for i in range(count):
+                await pub.send(Record(origin=i, data=payload))
+            await pub.send(Record(origin=-1, data=None))
+
+        usage = _Usage()
+        producer = asyncio.ensure_future(produce())
+        received = 0
+        async for envelope in sub:
+            if envelope.message.origin < 0:
+                break
+            received += 1
+        await producer  # (no flush: this loop acknowledges the end marker only at close)
+        if received != count or sub.stats.gaps or sub.stats.malformed:
+            raise RuntimeError(f"one process: {received} of {count} received, "
+                               f"gaps {sub.stats.gaps}, malformed {sub.stats.malformed}")
+        return usage.since(count)
+    finally:
+        sub_bus.close()
+        pub_bus.close()
+
+
+# --- request/reply round trips -------------------------------------------------------------------
+
+RTT_WARMUP = 200  # round trips before timing starts
+
+
+async def _serve(endpoint: str, count: int) -> dict:
+    from pipeline.bus import Bus
+
+    bus = Bus("server.0~0", "server", {}, {"echo": endpoint}, {})
+    try:
+        server = bus.server("echo")
+        served = 0
+        async for request in server:
+            await request.reply(request.message)
+            served += 1
+            if served == count:
+                break
+        await asyncio.sleep(0.2)  # the last reply leaves before the socket closes (linger)
+        return {"served": served}
+    finally:
+        bus.close()
+
+
+async def _call(endpoint: str, count: int) -> dict:
+    import numpy as np
+
+    from pipeline.bus import Bus
+    from pipeline.messages import Record
+
+    bus = Bus("client.0~0", "client", {}, {}, {})
+    try:
+        bus.set_peers({}, {"echo": [endpoint]})
+        client = bus.client("echo")
+        payload = np.zeros(64, dtype=np.uint8)
+        times = []
+        for i in range(count):
+            started = time.perf_counter()
+            reply = await client.request(Record(origin=i, data=payload), timeout=30)
+            times.append(time.perf_counter() - started)
+            if reply.message.origin != i:
+                raise RuntimeError(f"reply {reply.message.origin} to request {i}")
+        return {"times": times[RTT_WARMUP:]}
+    finally:
+        bus.close()
+
+
+def _rtt_ours(role: str, endpoint: str, count: int, conn) -> None:
+    import uvloop
+
+    conn.send(uvloop.run((_serve if role == "server" else _call)(endpoint, count)))
+
+
+def _rtt_raw(role: str, endpoint: str, count: int, conn) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    if role == "server":
+        sock = ctx.socket(zmq.ROUTER)
+        sock.bind(endpoint)
+        for _ in range(count):
+            sock.send_multipart(sock.recv_multipart())
+        result = {"served": count}
+    else:
+        sock = ctx.socket(zmq.DEALER)
+        sock.connect(endpoint)
+        payload, times = bytes(64), []
+        for _ in range(count):
+            started = time.perf_counter()
+            sock.send(payload)
+            sock.recv()
+            times.append(time.perf_counter() - started)
+        result = {"times": times[RTT_WARMUP:]}
+    sock.close(linger=-1)
+    ctx.term()
+    conn.send(result)
+
+
+def measure_rtt(kind: str, count: int) -> dict:
+    """One run of ``count`` round trips between a server and a client process: p50/p99 in µs."""
+    ctx = mp.get_context("spawn")
+    target = _rtt_ours if kind == "ours" else _rtt_raw
+    endpoint = f"ipc://{tempfile.mkdtemp(prefix='conduit-bench-')}/rtt"
+    procs, pipes = [], []
+    for role in ("server", "client"):
+        parent, child = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=target, args=(role, endpoint, count + RTT_WARMUP, child))
+        proc.start()
+        procs.append(proc)
+        pipes.append(parent)
+    try:
+        results = []
+        for pipe, proc in zip(pipes, procs, strict=True):
+            if not pipe.poll(120):
+                raise RuntimeError(f"{kind} round trips produced no result "
+                                   f"(exit codes {[p.exitcode for p in procs]})")
+            results.append(pipe.recv())
+            proc.join(30)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    times = sorted(results[1]["times"])
+    return {"p50_us": 1e6 * times[len(times) // 2], "p99_us": 1e6 * times[int(len(times) * 0.99)],
+            "count": len(times)}
+
+
 # --- driver --------------------------------------------------------------------------------------
 
 
@@ -262,7 +427,20 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default=",".join(SIZES), help="subset, e.g. 4KiB,1MiB")
     parser.add_argument("--profile", metavar="DIR", help="also profile our side into DIR")
     parser.add_argument("--verbose", action="store_true", help="print every run")
+    parser.add_argument("--rtt-count", type=int, default=5000,
+                        help="request/reply round trips per run (0: skip)")
+    parser.add_argument("--one-process", type=int, metavar="COUNT",
+                        help="only send COUNT messages per size with both ends in this process "
+                             "and print CPU µs per message (for callgrind)")
     args = parser.parse_args(argv)
+    if args.one_process:
+        import uvloop
+
+        for label in args.sizes.split(","):
+            usage = uvloop.run(_one_process(SIZES[label], args.one_process))
+            print(f"{label}: {args.one_process} messages, both ends in one process: "
+                  f"{usage['cpu_us']:.2f} µs CPU per message")
+        return 0
 
     started = time.perf_counter()
     best: dict[str, dict[str, dict]] = {}
@@ -299,13 +477,29 @@ def main(argv=None) -> int:
               f"{raw['msgs_per_s']:11,.0f} {raw['mb_per_s']:10,.1f} | {ratios[label]:6.2f} | "
               f"{_pair(ours['cpu_us']):>14} / {_pair(raw['cpu_us']):>13} | "
               f"{_pair(ours['faults']):>10} / {_pair(raw['faults']):>8}")
-    targets = {"4KiB": 0.5, "64KiB": 0.7, "1MiB": 0.7}
+    rtt: dict[str, dict] = {}
+    for _ in range(args.repeats if args.rtt_count else 0):
+        for kind in ("raw", "ours"):
+            result = measure_rtt(kind, args.rtt_count)
+            if args.verbose:
+                print(f"round trip {kind}: p50 {result['p50_us']:.0f} µs, "
+                      f"p99 {result['p99_us']:.0f} µs", flush=True)
+            if kind not in rtt or result["p50_us"] < rtt[kind]["p50_us"]:
+                rtt[kind] = result
+    if rtt:
+        print(f"request/reply round trip, 64 B, {args.rtt_count} round trips: "
+              f"ours p50 {rtt['ours']['p50_us']:.0f} µs / p99 {rtt['ours']['p99_us']:.0f} µs, "
+              f"raw DEALER/ROUTER p50 {rtt['raw']['p50_us']:.0f} µs / "
+              f"p99 {rtt['raw']['p99_us']:.0f} µs")
+    targets = {"64B": 0.5, "4KiB": 0.9, "64KiB": 0.7, "1MiB": 0.7}
     summary = {
         "ratios": ratios,
         "ours_msgs_per_s": {k: round(v["ours"]["msgs_per_s"]) for k, v in best.items()},
         "raw_msgs_per_s": {k: round(v["raw"]["msgs_per_s"]) for k, v in best.items()},
         "targets": {k: v for k, v in targets.items() if k in ratios},
         "meets_targets": all(ratios[k] >= v for k, v in targets.items() if k in ratios),
+        "rtt_us": {kind: {k: round(v["p50_us" if k == "p50" else "p99_us"], 1)
+                          for k in ("p50", "p99")} for kind, v in rtt.items()},
         "transport": "ipc",
         "seconds": args.seconds,
         "repeats": args.repeats,

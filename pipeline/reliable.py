@@ -88,7 +88,7 @@ class _Msg:
 
     def __init__(self, seq: int, frames: list, remaining: int):
         self.seq, self.frames, self.remaining = seq, frames, remaining
-        self.nbytes = len(frames[0]) if len(frames) == 1 else sum(map(_nbytes, frames))
+        self.nbytes = sum(map(_nbytes, frames)) if len(frames) > 1 else len(frames[0])
 
 
 @dataclass
@@ -166,10 +166,12 @@ class ReliablePublisher:
             backlog.append(record)
             # Pumps run on every change of credit or membership and stop only when the backlog
             # is empty or no member has credit: a backlog that was not empty has nobody to go to.
-            if len(backlog) == 1:
+            length = len(backlog)
+            if length == 1:
                 self._pump(group)
-            if len(backlog) > depth:
-                depth = len(backlog)
+                length = len(backlog)
+            if length > depth:
+                depth = length
         stats.depth = depth
         stats.sent += 1
         if self.tap.subscribers:
@@ -253,9 +255,13 @@ class ReliablePublisher:
             return
         count = len(records)
         envelopes = [r.frames[0] for r in records]
-        buffers = [f for r in records if len(r.frames) > 1 for f in r.frames[1:]]
-        table = struct.pack(f"<{2 * count}I", *map(len, envelopes),
-                            *[len(r.frames) - 1 for r in records])
+        if all(len(r.frames) == 1 for r in records):  # small messages: no array frames
+            buffers = []
+            table = struct.pack(f"<{count}I{count}x{3 * count}x", *map(len, envelopes))
+        else:
+            buffers = [f for r in records if len(r.frames) > 1 for f in r.frames[1:]]
+            table = struct.pack(f"<{2 * count}I", *map(len, envelopes),
+                                *[len(r.frames) - 1 for r in records])
         head = b"".join([_BATCH_HEAD.pack(_BATCH, first, count), table, *envelopes])
         # bytes are copied on send; a large head goes in place (it is immutable).
         self._channel.send([member.routing_id,
@@ -606,7 +612,8 @@ class ReliableSubscriber:
         conn = self._last
         if conn is not None:
             self._last = None
-            watermark = self.bus.watermark()
+            # (a node without reliable outputs has no watermark: skip asking for it)
+            watermark = self.bus.watermark() if self.bus._reliable else ()
             if watermark or self._waiting:
                 # End to end: what this node published while handling the message must be
                 # acknowledged downstream before the message is, or a crash here would lose it.
