@@ -140,7 +140,7 @@ def train(alg, env_id: str, config: TrainerConfig, seed: int = 0, log=None) -> R
     torch.set_num_threads(config.num_threads)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    env = make_vector_env(env_id, config.num_envs, seed)
+    env = make_vector_env(env_id, config.num_envs, seed, training=True)
     stepper = VectorEnvStepper(env, seed)
     result = RunResult()
     n = config.num_envs
