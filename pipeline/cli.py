@@ -162,6 +162,7 @@ def _run_in_loop(graph, run_dir: str) -> int:
 
     from pipeline.inloop import run_graph
 
+    _new_secret(run_dir)  # the bus checks it on consumer-group joins here too
     print(f"run directory: {run_dir} (in one process)", file=sys.stderr)
     try:
         summaries = uvloop.run(run_graph(graph, run_dir))

@@ -8,7 +8,8 @@ at that moment (before the event loop or any ZeroMQ context exists, so no thread
 copied), and each node is then a fork of that server: ready in a fraction of a second.
 
 Protocol (newline-delimited JSON over two pipes): the supervisor writes
-``{"id", "launch", "log"}``; the server answers ``{"id", "pid"}`` after forking and
+``{"id", "launch", "log"}``; the server answers ``{"id", "pid"}`` after forking (or
+``{"id", "error"}`` when the fork failed) and
 ``{"exited": pid, "code": returncode}`` when it reaps a child (a negative code is the signal
 that killed it, as in :mod:`subprocess`). When the request pipe closes, the server exits as soon
 as its last child has. Each child starts its own session (``killpg`` reaches it and its
@@ -130,8 +131,12 @@ def _serve(requests: int, replies: int) -> None:
             *lines, pending = pending.split(b"\n")
             for line in lines:
                 request = json.loads(line)
-                pid = _fork_node(request["launch"], request["log"],
-                                 close=(requests, replies, wake_r, wake_w))
+                try:
+                    pid = _fork_node(request["launch"], request["log"],
+                                     close=(requests, replies, wake_r, wake_w))
+                except OSError as exc:  # e.g. the process limit: that node fails, not us
+                    answer({"id": request["id"], "error": f"fork failed: {exc}"})
+                    continue
                 children.add(pid)
                 answer({"id": request["id"], "pid": pid})
 
@@ -171,6 +176,10 @@ def _fork_node(launch_path: str, log_path: str, close: tuple[int, ...]) -> int:
 
 
 # --- the supervisor's side ------------------------------------------------------------------------
+
+
+class SpawnFailed(Exception):
+    """The server is alive but could not fork this node (e.g. the process limit)."""
 
 
 class ForkedProcess:
@@ -245,8 +254,12 @@ class ForkServer:
                 if child is not None:
                     child._exit(record["code"])
                 continue
-            child = self._children[record["pid"]] = ForkedProcess(record["pid"])
             future = self._spawning.pop(record["id"], None)
+            if "error" in record:
+                if future is not None and not future.done():
+                    future.set_exception(SpawnFailed(record["error"]))
+                continue
+            child = self._children[record["pid"]] = ForkedProcess(record["pid"])
             if future is not None and not future.done():
                 future.set_result(child)
 

@@ -113,23 +113,23 @@ def test_control_requests_need_the_run_secret_and_sockets_are_private(tmp_path, 
 @pytest.mark.timeout(180)
 def test_a_stale_socket_dir_of_a_killed_run_is_removed_on_resume(tmp_path):
     run = LiveRun(str(tmp_path / "run"), DEMO, *IDLE)
+    resumed = None
     try:
         run.wait_ready()
         control = run.command("status")["events"].replace("/events", "/control")
         old_dir = os.path.dirname(control[len("ipc://"):])
         run.proc.kill()
         run.proc.wait()
-    finally:
-        run.kill()
-    assert os.path.isdir(old_dir)
-    resumed = LiveRun(run.run_dir, None, resume=True)
-    try:
+        assert os.path.isdir(old_dir)  # nobody could remove it
+        resumed = LiveRun(run.run_dir, None, resume=True)
         resumed.wait_ready()
         assert not os.path.exists(old_dir)
         resumed.interrupt()
         assert resumed.finish(60) == 0, resumed.stderr
     finally:
-        resumed.kill()
+        if resumed is not None:
+            resumed.kill()
+        run.kill()
 
 
 @pytest.mark.timeout(180)
