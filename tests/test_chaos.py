@@ -28,6 +28,7 @@ class Chaos:
         self.run, self.victims, self.every_s = run, victims, every_s
         self.rng = random.Random(seed)
         self.kills: list[str] = []
+        self.times: list[tuple[float, str]] = []
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -37,7 +38,12 @@ class Chaos:
 
     def _loop(self) -> None:
         while not self.stopped.wait(self.every_s):  # the chaos period itself, not a sync
-            victim = self.rng.choice(self.victims)
+            # Within the crash-loop limit (5 failures of one node within 60 s stop the run by
+            # design): a node killed 3 times in the last minute is spared for now.
+            now = time.monotonic()
+            recent = {v: sum(1 for t, k in self.times if k == v and now - t < 60)
+                      for v in self.victims}
+            victim = self.rng.choice([v for v in self.victims if recent[v] < 3])
             try:
                 node = self.run.command("status")["nodes"].get(victim)
             except Exception:  # noqa: BLE001 - the run ended or the supervisor is gone
@@ -46,6 +52,7 @@ class Chaos:
                 try:
                     os.kill(node["pid"], signal.SIGKILL)
                     self.kills.append(victim)
+                    self.times.append((now, victim))
                 except ProcessLookupError:
                     pass
 
