@@ -6,7 +6,8 @@ registers every kind with :mod:`pipeline.kinds` (``pipeline/`` never imports ``n
 
 import pkgutil
 
-from nodes import _checks  # noqa: E402,F401  (registers the graph-wide checks)
+# The graph-wide checks (env ids agree and fit the replay stores, prioritized flags, ...).
+from nodes import _checks  # noqa: E402,F401
 
 # Importing the package registers every RL message type with the codec, so any process that
 # loads a node kind (or a monitor) can decode what nodes send.

@@ -1,4 +1,9 @@
-"""Demo transformer: multiplies each record and forwards it, tagging who handled it."""
+"""Demo transformer: multiplies each record and forwards it, tagging who handled it.
+
+An output's identity is its input's (``origin`` is carried over), never this incarnation's
+sequence: an input redelivered after a kill -9 (its output was sent, its acknowledgement was
+not) is re-published by the next incarnation as the same record, and the sink recognises it.
+"""
 
 from __future__ import annotations
 

@@ -117,6 +117,14 @@ class Bus:
             return ()
         return tuple((pub, pub.seq) for pub in self._reliable if pub.completed_through < pub.seq)
 
+    def hold_acks(self, gate) -> None:
+        """Make ``gate`` (attributes ``seq`` and ``completed_through``) part of the watermark:
+        an input handled while ``gate.seq > gate.completed_through`` is acknowledged only once
+        the gate completed through that ``seq``; call :meth:`on_output_acknowledged` after
+        advancing it. A node that keeps state durably (the demo sink) acknowledges only what it
+        has written, so a kill -9 loses nothing it had acknowledged (issue 11, exactly-once)."""
+        self._reliable.append(gate)
+
     def on_output_acknowledged(self) -> None:
         for sub in self.subscribers.values():
             if isinstance(sub, ReliableSubscriber):

@@ -134,6 +134,9 @@ class ServiceClient:
         self._ids = itertools.count(1)
         self._rotation = itertools.count()
         self._available = asyncio.Event()
+        # Requests made while no server was connected (issue 11: a restarting server is
+        # absent for a moment): (future, msg, deadline, timer), sent once one connects.
+        self._parked: list = []
 
     @property
     def connections(self) -> dict[str, zmq.asyncio.Socket]:
@@ -153,6 +156,7 @@ class ServiceClient:
                 self._fail_requests_to(endpoint)
         if self._conns:
             self._available.set()
+            self._send_parked()
         else:
             self._available.clear()
 
@@ -190,7 +194,7 @@ class ServiceClient:
         For prefetching: the request is on its way before the caller goes on to other work.
         """
         if not self._conns:
-            raise TimeoutError(f"no server for service {self.service!r}")
+            return self._park(msg, timeout)
         endpoints = list(self._conns)
         endpoint = endpoints[next(self._rotation) % len(endpoints)]
         request_id = _U64.pack(next(self._ids))
@@ -204,6 +208,37 @@ class ServiceClient:
         self._conns[endpoint][1].send([request_id, *codec.encode(msg, self.bus.instance)])
         return future
 
+    # Waiting for a server (issue 11) ---------------------------------------------------------
+    # A request made while no server is connected (the server is restarting, or not up yet)
+    # waits for one within its own timeout instead of failing at once: the caller sees the
+    # same future either way, and only the timeout fails it.
+
+    def _park(self, msg, timeout: float) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        timer = loop.call_later(timeout, self._time_out_parked, future, timeout)
+        self._parked.append((future, msg, loop.time() + timeout, timer))
+        return future
+
+    def _time_out_parked(self, future: asyncio.Future, timeout: float) -> None:
+        if not future.done():
+            future.set_exception(TimeoutError(
+                f"no server for service {self.service!r} within {timeout:.0f}s"))
+
+    def _send_parked(self) -> None:
+        parked, self._parked = self._parked, []
+        if not parked:
+            return
+        now = asyncio.get_running_loop().time()
+        for future, msg, deadline, timer in parked:
+            timer.cancel()
+            if future.done():  # cancelled by the caller, or timed out
+                continue
+            inner = self.submit(msg, max(0.0, deadline - now))
+            inner.add_done_callback(lambda f, outer=future: _chain(f, outer))
+            future.add_done_callback(lambda f, inner=inner: inner.cancel() if f.cancelled()
+                                     else None)
+
     def _time_out(self, future: asyncio.Future, timeout: float) -> None:
         if not future.done():
             future.set_exception(TimeoutError(
@@ -215,7 +250,24 @@ class ServiceClient:
         self._sent_to.pop(request_id, None)
 
     def close(self) -> None:
+        for future, _, _, timer in self._parked:
+            timer.cancel()
+            if not future.done():
+                future.cancel()
+        self._parked.clear()
         for sock, channel in self._conns.values():
             channel.close()
             self.bus.sockets.close(sock)
         self._conns.clear()
+
+
+def _chain(inner: asyncio.Future, outer: asyncio.Future) -> None:
+    """Give a parked request's caller the outcome of the request sent for it."""
+    if outer.done():
+        return
+    if inner.cancelled():
+        outer.cancel()
+    elif inner.exception() is not None:
+        outer.set_exception(inner.exception())
+    else:
+        outer.set_result(inner.result())

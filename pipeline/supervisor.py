@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -28,10 +29,10 @@ from dataclasses import dataclass, field
 import yaml
 import zmq
 
-from pipeline import codec, wiring
+from pipeline import codec, kinds, wiring
 from pipeline import config as configlib
 from pipeline.forkserver import PARENT_ENV, ForkServer
-from pipeline.graph import Graph, resolve_kind
+from pipeline.graph import MAX_REPLICAS, Graph, resolve_kind
 from pipeline.messages import (
     ControlReply,
     ControlRequest,
@@ -629,7 +630,7 @@ class Supervisor:
         watchers = self._watchers_of(node)
         if not isinstance(replicas, int) or replicas < 1:
             raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
-        _check_scaled(self.graph, node, replicas)  # refused before anything changes
+        self._check_scaled_graph(node, replicas)
         while len(watchers) < replicas:
             w = Watcher(self, node, len(watchers), watchers[0].kind, watchers[0].config,
                         trial=True)
@@ -645,6 +646,24 @@ class Supervisor:
             w = watchers.pop()
             await w.stop("scaled down")
         return {"node": node, "replicas": len(watchers)}
+
+    def _check_scaled_graph(self, node: str, replicas: int) -> None:
+        """Issue 11: a scale that cannot work is refused before anything changes. The graph
+        as it would be after the scale goes through the limits and every registered graph
+        check (e.g. a replay store's num_environments against the env runners' env ids)."""
+        if replicas > MAX_REPLICAS:
+            raise ValueError(f"scale of {node} to {replicas} refused: at most {MAX_REPLICAS} "
+                             f"replicas")
+        graph = self.graph
+        scaled = dataclasses.replace(
+            graph, nodes={**graph.nodes,
+                          node: dataclasses.replace(graph.nodes[node], replicas=replicas)})
+        for check in kinds.graph_checks():
+            try:
+                check(scaled)
+            except configlib.ConfigError as exc:
+                raise ValueError(f"scale of {node} to {replicas} refused: {exc.key}: "
+                                 f"{exc.message}") from None
 
     def _watchers_of(self, node: str) -> list[Watcher]:
         if node not in self.watchers:
@@ -900,20 +919,3 @@ def _write_json(path: str, data: dict) -> None:
 
 def _run_py() -> str:
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "run.py")
-
-
-def _check_scaled(graph: Graph, node: str, replicas: int) -> None:
-    """Run the graph-wide checks on the graph with ``node`` at ``replicas``: a scale that
-    cannot work (a replay store sized for fewer environments) is refused in one line."""
-    import dataclasses
-
-    from pipeline import kinds
-
-    spec = dataclasses.replace(graph.nodes[node], replicas=replicas)
-    scaled = dataclasses.replace(graph, nodes={**graph.nodes, node: spec})
-    for check in kinds.graph_checks():
-        try:
-            check(scaled)
-        except configlib.ConfigError as exc:
-            raise ValueError(f"scale of {node} to {replicas} refused: {exc.key}: "
-                             f"{exc.message}") from None

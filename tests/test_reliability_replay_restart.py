@@ -1,0 +1,57 @@
+"""kill -9 of the replay store of a running DQN CartPole graph (issue 11, item 4): its clients
+(the learner sampling, the unroller inserting) wait for its restart instead of failing, and no
+peer's death aborts another process (the unroller died of libzmq's ``!_more`` assertion in
+fq.cpp when this happened). Real run.py and processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.pipeline_harness import ROOT, LiveRun
+
+
+def _status(run, instance: str) -> dict:
+    return run.command("status")["nodes"][instance]
+
+
+def _wait(run, predicate, what: str, timeout_s: float = 180):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        nodes = run.command("status")["nodes"]
+        if predicate(nodes):
+            return nodes
+        # polling the supervisor's status for a live count, not waiting for an event
+        time.sleep(0.5)
+    raise AssertionError(f"{what} within {timeout_s}s: {run.command('status')['nodes']}")
+
+
+@pytest.mark.timeout(400)
+def test_kill_9_of_the_replay_store_leaves_learner_and_unroller_running(tmp_path):
+    run = LiveRun(str(tmp_path / "run"), os.path.join(ROOT, "graphs", "dqn_cartpole.yaml"))
+    try:
+        run.wait_ready()
+        trained = lambda nodes: nodes["learner.0"].get("status", {}).get("iteration", 0) > 50  # noqa: E731
+        _wait(run, trained, "the learner did not train")
+        for _ in range(2):
+            replay = _status(run, "replay_store.0")
+            os.kill(replay["pid"], signal.SIGKILL)
+            restarted = lambda nodes, r=replay: (  # noqa: E731
+                nodes["replay_store.0"]["restarts"] > r["restarts"]
+                and nodes["replay_store.0"]["state"] == "running")
+            _wait(run, restarted, "the replay store did not come back")
+            iteration = _status(run, "learner.0")["status"]["iteration"]
+            _wait(run, lambda nodes, i=iteration: nodes["learner.0"]["status"]["iteration"]
+                  > i + 50, "the learner did not train after the replay store's restart")
+        nodes = run.command("status")["nodes"]
+        for name, node in nodes.items():
+            if not name.startswith("replay_store"):
+                assert node["restarts"] == 0 and node["state"] == "running", (name, node)
+        run.interrupt()
+        assert run.finish() == 0, run.stderr
+        assert "Assertion failed" not in run.stderr
+    finally:
+        run.kill()

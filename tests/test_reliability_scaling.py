@@ -1,0 +1,91 @@
+"""``run.py scale RUN env_runner N`` works or refuses (issue 11, item 5): a scale whose env ids
+a replay store cannot hold is refused with one line before anything changes and the run goes
+on; an on-policy graph takes the new runner. Real run.py and processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.pipeline_harness import ROOT, LiveRun
+
+
+@pytest.fixture
+def live(tmp_path):
+    runs = []
+
+    def start(graph, *overrides):
+        run = LiveRun(str(tmp_path / f"run{len(runs)}"), os.path.join(ROOT, "graphs", graph),
+                      *overrides)
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        run.kill()
+
+
+def _steps(run, instance: str) -> int:
+    return run.command("status")["nodes"].get(instance, {}).get("status", {}).get("steps", 0)
+
+
+def _wait_steps(run, instance: str, more_than: int, timeout_s: float = 120) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        steps = _steps(run, instance)
+        if steps > more_than:
+            return steps
+        # polling the supervisor's status: what is asked for is a live count, not an event
+        time.sleep(0.5)
+    raise AssertionError(f"{instance} did not pass {more_than} steps in {timeout_s}s")
+
+
+@pytest.mark.timeout(300)
+def test_graph_load_refuses_runners_beyond_the_replay_store(tmp_path):
+    out = subprocess.run([sys.executable, "run.py", "check", "graphs/dqn_cartpole.yaml",
+                          "--set", "nodes.env_runner.replicas=2"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0, out.stderr
+    assert "num_environments" in out.stderr and "dqn_cartpole.yaml:45" in out.stderr
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("graph", ["dqn_cartpole.yaml", "sac_pendulum.yaml",
+                                   "td3_pendulum.yaml"])
+def test_scale_beyond_the_replay_store_is_refused_and_the_run_goes_on(live, graph):
+    run = live(graph)
+    run.wait_ready()
+    before = _wait_steps(run, "env_runner.0", 0)
+    out = run.cli("scale", run.run_dir, "env_runner", "2")
+    assert out.returncode != 0
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "refused" in out.stderr and "num_environments" in out.stderr
+    status = run.command("status")["nodes"]
+    assert "env_runner.1" not in status
+    assert all(n["state"] == "running" for n in status.values()), status
+    _wait_steps(run, "env_runner.0", before)  # still stepping
+    run.interrupt()
+    assert run.finish() == 0, run.stderr
+
+
+@pytest.mark.timeout(300)
+def test_scale_of_an_on_policy_graph_adds_a_runner_and_down_again(live):
+    run = live("ppo_cartpole.yaml")
+    run.wait_ready()
+    out = run.cli("scale", run.run_dir, "env_runner", "2")
+    assert out.returncode == 0, out.stderr
+    _wait_steps(run, "env_runner.1", 1000)  # its env ids 8-15 are being stepped
+    learner = run.command("status")["nodes"]["learner.0"]
+    assert learner["state"] == "running" and learner["restarts"] == 0
+    out = run.cli("scale", run.run_dir, "env_runner", "1")
+    assert out.returncode == 0, out.stderr
+    status = run.command("status")["nodes"]
+    assert "env_runner.1" not in status
+    assert all(n["state"] == "running" and n["restarts"] == 0 for n in status.values()), status
+    run.interrupt()
+    assert run.finish() == 0, run.stderr

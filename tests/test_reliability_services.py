@@ -1,0 +1,93 @@
+"""Callers of a service whose server is restarting wait for it, bounded by their timeout
+(issue 11, item 4): the learner died with ``no server for service 'sample'`` when the replay
+store was killed. Real sockets, no mocks: the server goes away and a new one (a new endpoint,
+as a restarted incarnation gets) comes up while requests are waiting."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import zmq
+import zmq.asyncio
+
+from pipeline.bus import Bus
+from pipeline.messages import Record
+from pipeline.sockets import SocketFactory
+
+
+async def _echo(server) -> None:
+    async for request in server:
+        msg = request.message
+        await request.reply(Record(origin=msg.origin, data=msg.data))
+
+
+def _server_bus(ctx, endpoint: str, incarnation: int) -> Bus:
+    return Bus(f"replay.0~{incarnation}", "replay", {}, {"sample": endpoint}, {},
+               sockets=SocketFactory(ctx))
+
+
+async def _restart(tmp_path) -> None:
+    ctx = zmq.asyncio.Context()
+    client_bus = Bus("learner.0~0", "learner", {}, {}, {}, sockets=SocketFactory(ctx))
+    first = _server_bus(ctx, f"ipc://{tmp_path}/a", 0)
+    second = None
+    tasks = []
+    try:
+        server = first.server("sample")
+        tasks.append(asyncio.ensure_future(_echo(server)))
+        client_bus.set_peers({}, {"sample": [server.endpoint]})
+        client = client_bus.client("sample")
+        reply = await client.request(Record(1, np.arange(4)), timeout=10)
+        assert reply.message.origin == 1
+        # The server is killed: the supervisor's Peers says there is none for a while.
+        tasks.pop().cancel()
+        first.close()
+        client_bus.set_peers({}, {"sample": []})
+        waiting = [client.submit(Record(i, np.arange(4)), timeout=20) for i in (2, 3)]
+        later = asyncio.ensure_future(client.request(Record(4, np.arange(4)), timeout=20))
+        await asyncio.sleep(0)  # a scheduling point, not a synchronisation: nothing can arrive
+        assert not any(f.done() for f in waiting) and not later.done()
+        # Its restart binds a new endpoint and is announced.
+        second = _server_bus(ctx, f"ipc://{tmp_path}/b", 1)
+        server = second.server("sample")
+        tasks.append(asyncio.ensure_future(_echo(server)))
+        client_bus.set_peers({}, {"sample": [server.endpoint]})
+        replies = await asyncio.gather(*waiting, later)
+        assert [r.message.origin for r in replies] == [2, 3, 4]
+        assert all(r.sender == "replay.0~1" for r in replies)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        client_bus.close()
+        for bus in (first, second):
+            if bus is not None:
+                bus.close()
+        ctx.term()
+
+
+async def _never(tmp_path) -> None:
+    ctx = zmq.asyncio.Context()
+    client_bus = Bus("learner.0~0", "learner", {}, {}, {}, sockets=SocketFactory(ctx))
+    try:
+        client = client_bus.client("sample")
+        with pytest.raises(TimeoutError, match="no server for service 'sample' within"):
+            await client.submit(Record(1, np.arange(4)), timeout=0.2)
+        cancelled = client.submit(Record(2, np.arange(4)), timeout=5)
+        cancelled.cancel()
+        client_bus.close()  # a parked request never outlives its client
+    finally:
+        client_bus.close()
+        ctx.term()
+
+
+@pytest.mark.timeout(60)
+def test_requests_wait_for_a_restarting_server(tmp_path):
+    asyncio.run(_restart(tmp_path))
+
+
+@pytest.mark.timeout(60)
+def test_a_request_with_no_server_fails_only_at_its_timeout(tmp_path):
+    asyncio.run(_never(tmp_path))
