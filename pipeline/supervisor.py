@@ -630,7 +630,7 @@ class Supervisor:
         watchers = self._watchers_of(node)
         if not isinstance(replicas, int) or replicas < 1:
             raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
-        self._check_scaled_graph(node, replicas)
+        _check_scaled(self.graph, node, replicas)  # refused before anything changes
         while len(watchers) < replicas:
             w = Watcher(self, node, len(watchers), watchers[0].kind, watchers[0].config,
                         trial=True)
@@ -646,24 +646,6 @@ class Supervisor:
             w = watchers.pop()
             await w.stop("scaled down")
         return {"node": node, "replicas": len(watchers)}
-
-    def _check_scaled_graph(self, node: str, replicas: int) -> None:
-        """Issue 11: a scale that cannot work is refused before anything changes. The graph
-        as it would be after the scale goes through the limits and every registered graph
-        check (e.g. a replay store's num_environments against the env runners' env ids)."""
-        if replicas > MAX_REPLICAS:
-            raise ValueError(f"scale of {node} to {replicas} refused: at most {MAX_REPLICAS} "
-                             f"replicas")
-        graph = self.graph
-        scaled = dataclasses.replace(
-            graph, nodes={**graph.nodes,
-                          node: dataclasses.replace(graph.nodes[node], replicas=replicas)})
-        for check in kinds.graph_checks():
-            try:
-                check(scaled)
-            except configlib.ConfigError as exc:
-                raise ValueError(f"scale of {node} to {replicas} refused: {exc.key}: "
-                                 f"{exc.message}") from None
 
     def _watchers_of(self, node: str) -> list[Watcher]:
         if node not in self.watchers:
@@ -909,6 +891,25 @@ def _as_async(fn):
         fn()
 
     return call
+
+
+
+def _check_scaled(graph: Graph, node: str, replicas: int) -> None:
+    """Issue 11: a scale that cannot work is refused before anything changes. The graph as it
+    would be after the scale goes through the limits and every registered graph check (e.g. a
+    replay store's num_environments against the env runners' env ids)."""
+    if replicas > MAX_REPLICAS:
+        raise ValueError(f"scale of {node} to {replicas} refused: at most {MAX_REPLICAS} "
+                         f"replicas")
+    scaled = dataclasses.replace(
+        graph, nodes={**graph.nodes,
+                      node: dataclasses.replace(graph.nodes[node], replicas=replicas)})
+    for check in kinds.graph_checks():
+        try:
+            check(scaled)
+        except configlib.ConfigError as exc:
+            raise ValueError(f"scale of {node} to {replicas} refused: {exc.key}: "
+                             f"{exc.message}") from None
 
 
 def _write_json(path: str, data: dict) -> None:
