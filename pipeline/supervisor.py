@@ -305,9 +305,9 @@ class Supervisor:
         path = os.path.join(self.run_dir, "launch", f"{launch.incarnation}.json")
         launch.dump(path)
         inc = Incarnation(launch)
-        self.incarnations[launch.incarnation] = inc
         inc.process = await self.launcher.start(watcher.spec, path, self.log_path(watcher),
                                                 watcher.fresh)
+        self.incarnations[launch.incarnation] = inc  # once it runs: there is a process to stop
         self.publish_event(watcher, "started", self.launcher.where(inc.process))
         self.guarded(self._reap(watcher, inc), f"reaping {launch.incarnation}")
         return inc
