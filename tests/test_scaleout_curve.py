@@ -132,3 +132,24 @@ def test_strangers_are_refused_and_garbage_changes_nothing(tmp_path):
     logs = "".join(map(_read, glob.glob(os.path.join(run.run_dir, "logs", "*")))) + \
         _read(os.path.join(run.run_dir, "supervisor.log"))
     assert "refused a CURVE client" in logs and "handshake failed" in logs
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["run.launcher=ray"], "run.launcher"),  # ray needs tcp
+    (["run.launcher=slurm"], "run.launcher"),
+    (["run.transport=tcp", "nodes.sink.placement={cpus: 1}"], "nodes.sink.placement"),
+    (["run.transport=tcp", "nodes.sink.placement={num_cpus: -1}"], "nodes.sink.placement.num_cpus"),
+])
+def test_launcher_and_placement_mistakes_are_one_line(overrides, key):
+    with pytest.raises(GraphError) as info:
+        load(DEMO, overrides)
+    assert key in str(info.value) and "\n" not in str(info.value)
+
+
+def test_placement_is_read():
+    graph = load(DEMO, ["run.transport=tcp", "run.launcher=ray",
+                        "nodes.sink.placement={num_gpus: 1, resources: {box: 2}, "
+                        "labels: {rack: b}}"])
+    assert graph.nodes["sink"].placement == {"num_gpus": 1.0, "resources": {"box": 2.0},
+                                             "labels": {"rack": "b"}}
+    assert graph.run.ray_address == "auto" and graph.nodes["source"].placement == {}
