@@ -305,9 +305,13 @@ class Supervisor:
         path = os.path.join(self.run_dir, "launch", f"{launch.incarnation}.json")
         launch.dump(path)
         inc = Incarnation(launch)
-        inc.process = await self.launcher.start(watcher.spec, path, self.log_path(watcher),
-                                                watcher.fresh)
-        self.incarnations[launch.incarnation] = inc  # once it runs: there is a process to stop
+        self.incarnations[launch.incarnation] = inc  # before it runs: its hello must find it
+        try:
+            inc.process = await self.launcher.start(watcher.spec, path, self.log_path(watcher),
+                                                    watcher.fresh)
+        except BaseException:
+            self.incarnations.pop(launch.incarnation, None)  # nothing runs: nothing to stop
+            raise
         self.publish_event(watcher, "started", self.launcher.where(inc.process))
         self.guarded(self._reap(watcher, inc), f"reaping {launch.incarnation}")
         return inc
@@ -327,7 +331,7 @@ class Supervisor:
         self.broadcast_peers()
 
     async def stop_incarnation(self, inc: Incarnation, reason: str) -> None:
-        if inc.exited.is_set():
+        if inc.exited.is_set() or inc.process is None:  # None: still being placed (ray)
             return
         self._send(inc.launch.incarnation, Stop(reason))
         with contextlib.suppress(ProcessLookupError):

@@ -55,8 +55,8 @@ def cluster():
     local = {"node_ip_address": "127.0.0.1", "num_cpus": 1}
     c = cluster_utils.Cluster(initialize_head=True,
                               head_node_args={**local, "resources": {"head": 1}})
-    workers = [c.add_node(**local, resources={name: 1, "worker": 1})
-               for name in ("box_a", "box_b")]
+    workers = {name: c.add_node(**local, resources={name: 1, "worker": 1})
+               for name in ("box_a", "box_b")}
     c.wait_for_nodes()
     yield c, workers
     c.shutdown()
@@ -107,7 +107,7 @@ def test_a_dead_ray_node_s_replica_comes_back_elsewhere_with_nothing_lost(cluste
         run.wait_ready()
         run.wait_for_origin("doubled", 3_000, 120)
         first = _ray_node(dict(_started(run.run_dir))["transformer"])
-        doomed = next(w for w in workers if w.node_id.startswith(first))
+        doomed = next(w for w in workers.values() if w.node_id.startswith(first))
         c.remove_node(doomed, allow_graceful=False)  # its raylet and processes die
         assert run.finish(300) == 0, run.stderr
     finally:
@@ -118,3 +118,24 @@ def test_a_dead_ray_node_s_replica_comes_back_elsewhere_with_nothing_lost(cluste
     assert result["gaps"] == 0 and result["malformed"] == 0 and result["wrong_values"] == 0
     transformers = [_ray_node(d) for name, d in _started(run.run_dir) if name == "transformer"]
     assert len(transformers) >= 2 and transformers[-1] != first, transformers
+
+
+@pytest.mark.timeout(900)
+def test_dqn_cartpole_on_ray_reaches_475(cluster, tmp_path):
+    """graphs/dqn_cartpole.yaml with run.launcher=ray: the learner on a worker Ray node, the
+    runner and the replay store on the head, the rest wherever Ray puts them; tcp with CURVE."""
+    from tests.test_graphs_training import graph, reached
+
+    c, workers = cluster
+    box = next(name for name, w in workers.items() if w in c.worker_nodes)  # still alive
+    run = LiveRun(str(tmp_path / "run"), graph("dqn_cartpole"), "run.transport=tcp",
+                  "run.launcher=ray", f"run.ray_address={c.address}",
+                  f"nodes.learner.placement={{resources: {{{box}: 0.5}}}}",
+                  "nodes.replay_store.placement={resources: {head: 0.1}}",
+                  "nodes.env_runner.placement={resources: {head: 0.1}}")
+    try:
+        assert run.finish(800) == 0, run.stderr
+    finally:
+        run.kill()
+    assert reached(run, 475, 50_000) is not None
+

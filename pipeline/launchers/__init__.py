@@ -28,7 +28,9 @@ def run_py() -> str:
 
 
 def kill(process) -> None:
-    """SIGKILL a process handle's whole group (a node may have children)."""
+    """SIGKILL a process handle's whole group (a node may have children); None: not started."""
+    if process is None:
+        return
     if hasattr(process, "kill_group"):
         process.kill_group()
         return
