@@ -375,10 +375,15 @@ def control(run_dir: str, command: str, timeout: float = 120.0, **kwargs) -> dic
     if not _is_live(run_dir):
         raise UsageError(f"{run_dir}: no live run (it ended or was killed; "
                          f"`run.py run --resume {run_dir}` continues it)")
+    from pipeline import curve
+
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
+        keys = curve.operator(run_dir) if str(info["control"]).startswith("tcp://") else None
+        if keys is not None:  # tcp with CURVE: the run's operator key (RUN_DIR/keys, 0600)
+            curve.make_client(sock, keys)
         sock.connect(info["control"])
         args = {**kwargs, "_timeout_s": timeout, "_secret": read_secret(run_dir)}
         sock.send_multipart(codec.encode(ControlRequest(command, args), "cli"))

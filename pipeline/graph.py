@@ -34,10 +34,13 @@ IPC_PATH_MAX = 107  # bytes in a unix socket path (sun_path, with its NUL)
 IPC_DIR_ROOM = 25
 IPC_NAME_ROOM = len(".00~000000..tap")
 NODE_KEYS = {"kind", "replicas", "config", "publishes", "subscribes", "serves", "calls",
-             "restart", "device", "nice", "description", "stop_after"}
+             "restart", "device", "nice", "description", "stop_after", "placement"}
 RESTART_KEYS = {"policy", "max_failures", "window_s", "backoff_s", "backoff_max_s"}
 RUN_KEYS = {"directory", "duration_s", "stop_when", "heartbeat_s", "heartbeat_timeout_s",
-            "grace_s", "transport", "ready_timeout_s"}
+            "grace_s", "transport", "ready_timeout_s", "interface", "insecure", "launcher",
+            "ray_address"}
+PLACEMENT_KEYS = {"num_cpus", "num_gpus", "memory", "resources", "labels"}
+LOOPBACK = ("127.0.0.1", "localhost", "lo", "::1")
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class NodeSpec:
     device: str = "cpu"
     nice: int = 0  # added to the process's niceness: background nodes yield the CPU
     stop_after: tuple = ()  # extra stop-order edges: stop this node only after these stopped
+    placement: dict = field(default_factory=dict)  # run.launcher ray: where replicas may run
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,10 @@ class RunSpec:
     grace_s: float = 15.0
     transport: str = "ipc"
     ready_timeout_s: float = 120.0
+    interface: str = "127.0.0.1"  # tcp: where nodes bind (address, interface name or "*")
+    insecure: bool = False  # tcp without CURVE (loopback only)
+    launcher: str = "local"  # or "ray" (pipeline.launchers)
+    ray_address: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -365,8 +373,10 @@ def _validate_node(name: str, spec, topics: dict, lines: Lines) -> NodeSpec:
     if nice > 19:
         raise lines.error((*path, "nice"), f"must be 0 to 19, got {nice}")
     stop_after = _names(spec.get("stop_after"), (*path, "stop_after"), lines)
+    placement = _validate_placement(spec.get("placement"), (*path, "placement"), lines)
     node = NodeSpec(name=name, kind=kind, replicas=replicas, config=raw_config,
-                    restart=restart, device=device, nice=nice, stop_after=stop_after, **lists)
+                    restart=restart, device=device, nice=nice, stop_after=stop_after,
+                    placement=placement, **lists)
     return node, config, declared
 
 
@@ -391,8 +401,20 @@ def _validate_run(spec: dict, nodes: dict, lines: Lines) -> RunSpec:
     numbers = {k: _typed(spec[k], float, ("run", k), lines, minimum=0.001)
                for k in ("heartbeat_s", "heartbeat_timeout_s", "grace_s", "ready_timeout_s")
                if k in spec}
+    interface = _typed(spec.get("interface", "127.0.0.1"), str, ("run", "interface"), lines)
+    insecure = _typed(spec.get("insecure", False), bool, ("run", "insecure"), lines)
+    if insecure and (transport != "tcp" or interface not in LOOPBACK):
+        raise lines.error(("run", "insecure"), "tcp without CURVE is allowed only with "
+                          "run.transport: tcp on loopback (run.interface: 127.0.0.1)")
+    launcher = spec.get("launcher", "local")
+    if launcher not in ("local", "ray"):
+        raise lines.error(("run", "launcher"), f"must be local or ray, got {launcher!r}")
+    if launcher == "ray" and transport != "tcp":
+        raise lines.error(("run", "launcher"), "run.launcher: ray needs run.transport: tcp")
+    ray_address = _typed(spec.get("ray_address", "auto"), str, ("run", "ray_address"), lines)
     run = RunSpec(directory=directory, duration_s=duration, stop_when=stop_when,
-                  transport=transport, **numbers)
+                  transport=transport, interface=interface, insecure=insecure,
+                  launcher=launcher, ray_address=ray_address, **numbers)
     if run.heartbeat_timeout_s < 2 * run.heartbeat_s:
         # One late heartbeat must not get a healthy node killed (in a loop, every timeout).
         at = "heartbeat_timeout_s" if "heartbeat_timeout_s" in spec else "heartbeat_s"
@@ -401,6 +423,23 @@ def _validate_run(spec: dict, nodes: dict, lines: Lines) -> RunSpec:
     if run.transport == "ipc":
         _check_ipc_paths(nodes, lines)
     return run
+
+
+def _validate_placement(spec, path: tuple, lines: Lines) -> dict:
+    """Ray placement: ``num_cpus``, ``num_gpus``, ``memory`` (bytes), ``resources`` (custom
+    Ray resources, name -> amount) and ``labels`` (Ray node labels, name -> value)."""
+    spec = _require_mapping(spec, path, lines)
+    _check_keys(spec, PLACEMENT_KEYS, path, lines)
+    out: dict = {}
+    for key in ("num_cpus", "num_gpus", "memory"):
+        if key in spec:
+            out[key] = _typed(spec[key], float, (*path, key), lines, minimum=0.0)
+    for key, kind in (("resources", float), ("labels", str)):
+        if key in spec:
+            mapping = _require_mapping(spec[key], (*path, key), lines)
+            out[key] = {str(k): _typed(v, kind, (*path, key, k), lines) for k, v in
+                        mapping.items()}
+    return out
 
 
 def _check_stop_after_cycles(nodes: dict, lines: Lines) -> None:

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import zmq
 
-from pipeline import codec
+from pipeline import codec, curve
 
 
 def monitor(run_dir: str, topics: list[str], interval: float, count: int, control) -> int:
@@ -75,6 +75,9 @@ def _tail_topics(status: dict, topics: list[str], count: int) -> int:
     sock = ctx.socket(zmq.SUB)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, 100)
+    keys = curve.operator(status["run_dir"])
+    if keys is not None:  # tcp with CURVE: subscribe as the run's operator
+        curve.make_client(sock, keys)
     try:
         for topic in topics:
             info = status["topics"].get(topic)

@@ -73,6 +73,7 @@ class Launch:
     resume: str | None = None  # checkpoint directory to restore from, if resuming
     subscribes: list = field(default_factory=list)
     calls: list | None = None  # services the graph entry lists; None: not checked
+    curve: dict | None = None  # tcp: public keys and key file paths (pipeline.curve)
 
     def dump(self, path: str) -> None:
         with open(path, "w") as f:
@@ -322,6 +323,10 @@ def process_main(launch_path: str, log_path: str | None = None) -> int:
     if launch.nice:
         os.nice(launch.nice)
     configure_logging(log_path, launch.incarnation)
+    if launch.curve:
+        from pipeline import curve, sockets
+
+        sockets.use_curve(curve.load(launch.curve))
     log.info("starting %s (kind %s, pid %d)", launch.incarnation, launch.kind, os.getpid())
 
     async def main() -> int:

@@ -11,6 +11,7 @@ import ctypes
 import os
 import platform
 import shutil
+import socket as _socket
 import stat
 import tempfile
 
@@ -20,6 +21,24 @@ import zmq.asyncio
 # Long enough for a large reply or last message to leave before a closing process drops it;
 # ``close_all(linger_ms=0)`` is the forced path.
 DEFAULT_LINGER_MS = 2000
+
+
+# CurveZMQ keys of this process (pipeline.curve), set once by :func:`use_curve` before its first
+# socket: every socket made is then a CURVE client of the run, every tcp bind a CURVE server.
+_curve = None
+# The host name peers use for an endpoint bound on all interfaces (``run.interface: "*"``).
+ADVERTISE_ENV = "CONDUIT_ADVERTISE_HOST"
+
+
+def use_curve(curve) -> None:
+    """Secure every socket this process makes from now on with ``curve`` (a
+    :class:`pipeline.curve.Curve`, or None for none)."""
+    global _curve
+    _curve = curve
+
+
+def curve_in_use():
+    return _curve
 
 
 # glibc's malloc settings for a process that receives large messages (see tune_allocator).
@@ -69,6 +88,10 @@ class SocketFactory:
             sock.setsockopt(zmq.RCVHWM, hwm)
         for name, value in options.items():
             sock.setsockopt(getattr(zmq, name.upper()), value)
+        if _curve is not None:
+            from pipeline.curve import make_client
+
+            make_client(sock, _curve)
         self._sockets.append(sock)
         return sock
 
@@ -138,8 +161,42 @@ def bind(sock: zmq.Socket, endpoint: str) -> str:
         path = endpoint[len("ipc://"):]
         if os.path.exists(path):
             os.unlink(path)
-    sock.bind(endpoint)
-    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    if _curve is not None and endpoint.startswith("tcp://"):
+        _bind_curve_server(sock, endpoint)
+    else:
+        sock.bind(endpoint)
+    return advertised(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+
+
+def _bind_curve_server(sock: zmq.Socket, endpoint: str) -> None:
+    """Bind as a CURVE server of the run: the context's ZAP handler admits only the run's keys
+    (started first: without a handler libzmq would admit any key). libzmq copies the options
+    into the listener at bind time, so the socket is a client again afterwards for any later
+    connect."""
+    from pipeline.curve import Gate, make_client
+
+    if _curve.server_secret is None:
+        raise RuntimeError("this process has no server key: it cannot bind over tcp")
+    gate = Gate.of(sock.context, _curve.authorized)
+    sock.setsockopt(zmq.CURVE_SERVER, 1)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, _curve.server_secret)
+    try:
+        sock.bind(endpoint)
+    finally:
+        sock.setsockopt(zmq.CURVE_SERVER, 0)
+        make_client(sock, _curve)
+    gate.watch(sock)
+
+
+def advertised(endpoint: str) -> str:
+    """An endpoint bound on all interfaces, with the address peers should connect to: this
+    machine's cluster address (``CONDUIT_ADVERTISE_HOST``, set by the Ray launcher) or the
+    address its host name resolves to."""
+    for wildcard in ("tcp://0.0.0.0:", "tcp://[::]:"):
+        if endpoint.startswith(wildcard):
+            host = os.environ.get(ADVERTISE_ENV) or _socket.gethostbyname(_socket.gethostname())
+            return f"tcp://{host}:{endpoint[len(wildcard):]}"
+    return endpoint
 
 
 _NOBLOCK = int(zmq.NOBLOCK)

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 import yaml
 import zmq
 
-from pipeline import codec, kinds, wiring
+from pipeline import codec, curve, kinds, launchers, wiring
 from pipeline import config as configlib
-from pipeline.forkserver import PARENT_ENV, ForkServer
+from pipeline.forkserver import ForkServer
 from pipeline.graph import MAX_REPLICAS, Graph, resolve_kind
 from pipeline.messages import (
     ControlReply,
@@ -47,7 +47,7 @@ from pipeline.messages import (
     Stop,
 )
 from pipeline.node import Launch
-from pipeline.sockets import SocketFactory, bind, remove_socket_dir, send_now
+from pipeline.sockets import SocketFactory, bind, remove_socket_dir, send_now, use_curve
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +232,9 @@ class Supervisor:
         # None: not checked (tests that drive a Supervisor directly).
         self.secret = secret
         self.forkserver = forkserver  # see pipeline.forkserver; None: fresh interpreters
+        # Where and how node processes start (pipeline.launchers): local unless run.launcher.
+        self.launcher = launchers.make(graph, forkserver, run_dir)
+        self.curve_publics: dict | None = None  # tcp with CURVE: the run's public keys
         self.sock_dir = wiring.run_socket_dir(run_dir)
         self.sockets = SocketFactory()
         self.watchers: dict[str, list[Watcher]] = {n: [] for n in graph.nodes}
@@ -261,8 +264,13 @@ class Supervisor:
     def _bind(self) -> None:
         _remove_stale_socket_dir(os.path.join(self.run_dir, "endpoints.json"))
         transport = self.graph.run.transport
-        ctl = ("tcp://127.0.0.1:*" if transport == "tcp" else f"ipc://{self.sock_dir}/control")
-        ev = ("tcp://127.0.0.1:*" if transport == "tcp" else f"ipc://{self.sock_dir}/events")
+        if transport == "tcp" and not self.graph.run.insecure:
+            self.curve_publics = curve.ensure_keys(self.run_dir, self.graph.nodes)
+            use_curve(curve.load(curve.launch_spec(self.run_dir, self.curve_publics,
+                                                   curve.SUPERVISOR_KEY)))
+        tcp = wiring.tcp_endpoint(self.graph.run.interface)
+        ctl = (tcp if transport == "tcp" else f"ipc://{self.sock_dir}/control")
+        ev = (tcp if transport == "tcp" else f"ipc://{self.sock_dir}/events")
         self.control = self.sockets.make(zmq.ROUTER, hwm=0, router_mandatory=1)
         self.control_endpoint = bind(self.control, ctl)
         self.events = self.sockets.make(zmq.XPUB, hwm=1000)
@@ -293,29 +301,26 @@ class Supervisor:
         resume = resume or self.resume
         launch = wiring.make_launch(self.graph, watcher.node, watcher.replica, self.generation,
                                     self.run_dir, self.sock_dir, self.control_endpoint,
-                                    kind=watcher.kind, config=watcher.config, resume=resume)
+                                    kind=watcher.kind, config=watcher.config, resume=resume,
+                                    curve=self._curve_spec(watcher.node))
         path = os.path.join(self.run_dir, "launch", f"{launch.incarnation}.json")
         launch.dump(path)
         inc = Incarnation(launch)
-        self.incarnations[launch.incarnation] = inc
-        inc.process = await self._start_process(path, self.log_path(watcher), watcher.fresh)
-        self.publish_event(watcher, "started", f"pid {inc.process.pid}")
+        self.incarnations[launch.incarnation] = inc  # before it runs: its hello must find it
+        try:
+            inc.process = await self.launcher.start(watcher.spec, path, self.log_path(watcher),
+                                                    watcher.fresh)
+        except BaseException:
+            self.incarnations.pop(launch.incarnation, None)  # nothing runs: nothing to stop
+            raise
+        self.publish_event(watcher, "started", self.launcher.where(inc.process))
         self.guarded(self._reap(watcher, inc), f"reaping {launch.incarnation}")
         return inc
 
-    async def _start_process(self, launch_path: str, log_path: str, fresh: bool):
-        if self.forkserver is not None and self.forkserver.alive and not fresh:
-            with contextlib.suppress(OSError):  # the server is gone: a fresh one below
-                return await self.forkserver.spawn(launch_path, log_path)
-        log_file = open(log_path, "ab")  # noqa: SIM115 - handed to the child
-        try:
-            return await asyncio.create_subprocess_exec(
-                sys.executable, os.path.abspath(_run_py()), "node", launch_path, log_path,
-                stdout=log_file, stderr=log_file, stdin=asyncio.subprocess.DEVNULL,
-                env={**os.environ, PARENT_ENV: str(os.getpid())},
-                start_new_session=True)  # our SIGINT is ours to forward, not the terminal's
-        finally:
-            log_file.close()
+    def _curve_spec(self, node: str) -> dict | None:
+        if self.curve_publics is None:
+            return None
+        return curve.launch_spec(self.run_dir, self.curve_publics, curve.node_key_name(node))
 
     async def _reap(self, watcher: Watcher, inc: Incarnation) -> None:
         inc.returncode = await inc.process.wait()
@@ -327,7 +332,7 @@ class Supervisor:
         self.broadcast_peers()
 
     async def stop_incarnation(self, inc: Incarnation, reason: str) -> None:
-        if inc.exited.is_set():
+        if inc.exited.is_set() or inc.process is None:  # None: still being placed (ray)
             return
         self._send(inc.launch.incarnation, Stop(reason))
         with contextlib.suppress(ProcessLookupError):
@@ -339,8 +344,7 @@ class Supervisor:
             await asyncio.wait_for(inc.exited.wait(), grace)
         except TimeoutError:
             log.warning("%s did not stop within %.0fs: SIGKILL", inc.launch.incarnation, grace)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(inc.process.pid, signal.SIGKILL)
+            launchers.kill(inc.process)
             await inc.exited.wait()
 
     # --- control channel ------------------------------------------------------------------------
@@ -356,6 +360,8 @@ class Supervisor:
             if inc.endpoints:  # use what it really bound (tcp ports)
                 launch = Launch(**{**launch.__dict__, "bind": {
                     k: v for k, v in inc.endpoints.items() if k in launch.bind}})
+            elif any(ep.endswith(":*") for ep in launch.bind.values()):
+                continue  # tcp: its ports are known once it said hello (peers go out again)
             launches.append(launch)
         p = wiring.peers(self.graph, launches)
         return Peers(p["topics"], p["services"], self.gone[-1000:])
@@ -727,8 +733,7 @@ class Supervisor:
                     log.error("%s sent no heartbeat for %.0fs: killing it",
                               inc.launch.incarnation, now - inc.last_heartbeat)
                     inc.failure = f"no heartbeat for {now - inc.last_heartbeat:.0f}s"
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(inc.process.pid, signal.SIGKILL)
+                    launchers.kill(inc.process)
 
     async def _watch_completion(self) -> None:
         """The run ends when any ``run.stop_when`` node finishes its work (exit 0)."""
@@ -796,6 +801,7 @@ class Supervisor:
         async def close_forkserver():
             if self.forkserver is not None:
                 await self.forkserver.close()
+            await self.launcher.close()
 
         steps = [("stop the nodes", self._stop_all),
                  ("write summary.json", self._write_summary),
@@ -818,8 +824,7 @@ class Supervisor:
         for inc in list(self.incarnations.values()):
             if inc.process is not None and inc.process.returncode is None:
                 log.error("%s still running at exit: SIGKILL", inc.launch.incarnation)
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(inc.process.pid, signal.SIGKILL)
+                launchers.kill(inc.process)
 
     async def _write_summary(self) -> None:
         # What every node reported last (final summaries and bus counters), for users and
@@ -917,6 +922,3 @@ def _write_json(path: str, data: dict) -> None:
         json.dump(data, f, indent=1)
     os.replace(path + ".tmp", path)
 
-
-def _run_py() -> str:
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "run.py")

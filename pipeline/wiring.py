@@ -26,15 +26,23 @@ def run_socket_dir(run_dir: str) -> str:
     return path
 
 
+def tcp_endpoint(interface: str) -> str:
+    """Where to bind over tcp: the configured interface (an address, an interface name, or
+    ``*`` for all, advertised under the machine's address); the OS picks a port and the bound
+    endpoint is reported back."""
+    return f"tcp://{interface}:*"
+
+
 def endpoint(graph: Graph, sock_dir: str, incarnation: str, name: str) -> str:
     if graph.run.transport == "tcp":
-        return "tcp://127.0.0.1:*"  # the OS picks a port; the bound endpoint is reported back
+        return tcp_endpoint(graph.run.interface)
     return f"ipc://{sock_dir}/{incarnation}.{name}"
 
 
 def make_launch(graph: Graph, node_name: str, replica: int, generation: int, run_dir: str,
                 sock_dir: str, control: str | None, *, kind: str | None = None,
-                config: dict | None = None, resume: str | None = None) -> Launch:
+                config: dict | None = None, resume: str | None = None,
+                curve: dict | None = None) -> Launch:
     node = graph.nodes[node_name]
     instance = f"{node_name}.{replica}"
     incarnation = f"{instance}~{generation}"
@@ -60,6 +68,7 @@ def make_launch(graph: Graph, node_name: str, replica: int, generation: int, run
         resume=resume,
         subscribes=list(node.subscribes),
         calls=list(node.calls),
+        curve=curve,
     )
 
 

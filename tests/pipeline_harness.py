@@ -17,7 +17,7 @@ import sys
 
 import zmq
 
-from pipeline import codec
+from pipeline import codec, curve
 from pipeline.cli import control
 from pipeline.sockets import remove_socket_dir
 
@@ -61,6 +61,9 @@ class LiveRun:
         taps = self.command("status")["topics"][topic]["taps"]
         sock = zmq.Context.instance().socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
+        keys = curve.operator(self.run_dir)
+        if keys is not None:  # tcp with CURVE: connect as the run's operator
+            curve.make_client(sock, keys)
         try:
             for ep in taps:
                 sock.connect(ep)
