@@ -171,3 +171,30 @@ async def secret_probe(config, node, ready):
     ready()
     await node.stopping.wait()
     return {}
+
+
+IDLE_DEMO = """
+name: {name}
+topics:
+  numbers: {{delivery: reliable}}
+  doubled: {{delivery: reliable}}
+nodes:
+  source:
+    kind: demo_source
+    config: {{count: 0}}
+    publishes: [numbers]
+  transformer:
+    kind: demo_transformer
+    subscribes: [numbers]
+    publishes: [doubled]
+  sink:
+    kind: demo_sink
+    config: {{expected: 0}}
+    subscribes: [doubled]
+"""
+
+
+def idle_demo_graph(name: str, extra: str) -> str:
+    """The demo graph with nothing to send (it runs until stopped), plus ``extra`` YAML lines
+    (more nodes, then optionally a ``run:`` block): for tests of the control plane."""
+    return IDLE_DEMO.format(name=name) + extra.lstrip("\n")

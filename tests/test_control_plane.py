@@ -10,28 +10,11 @@ import pytest
 
 from pipeline import cli
 from pipeline.supervisor import control_commands
-from tests.pipeline_harness import ROOT, LiveRun
+from tests.pipeline_harness import ROOT, LiveRun, idle_demo_graph
 
 DEMO = os.path.join(ROOT, "graphs", "demo_counter.yaml")
 
-WITH_EXTRAS = """
-name: control_plane
-topics:
-  numbers: {delivery: reliable}
-  doubled: {delivery: reliable}
-nodes:
-  source:
-    kind: demo_source
-    config: {count: 0}
-    publishes: [numbers]
-  transformer:
-    kind: demo_transformer
-    subscribes: [numbers]
-    publishes: [doubled]
-  sink:
-    kind: demo_sink
-    config: {expected: 0}
-    subscribes: [doubled]
+WITH_EXTRAS = idle_demo_graph("control_plane", """
   idle:
     kind: "tests.pipeline_harness:idle_node"
   checkpointer:
@@ -39,7 +22,7 @@ nodes:
     config: {services: [], interval_s: 3600, final: false}
 run:
   ready_timeout_s: 600
-"""
+""")
 
 
 def test_every_cli_command_has_a_supervisor_handler():

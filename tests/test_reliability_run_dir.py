@@ -12,33 +12,16 @@ import torch
 
 from nodes.checkpointer import write_checkpoint
 from pipeline.wiring import latest_checkpoint
-from tests.pipeline_harness import ROOT, LiveRun
+from tests.pipeline_harness import ROOT, LiveRun, idle_demo_graph
 
 DEMO = os.path.join(ROOT, "graphs", "demo_counter.yaml")
 IDLE = ("nodes.source.config.count=0", "nodes.sink.config.expected=0")
 
-WITH_CHECKPOINTER = """
-name: checkpoints
-topics:
-  numbers: {delivery: reliable}
-  doubled: {delivery: reliable}
-nodes:
-  source:
-    kind: demo_source
-    config: {count: 0}
-    publishes: [numbers]
-  transformer:
-    kind: demo_transformer
-    subscribes: [numbers]
-    publishes: [doubled]
-  sink:
-    kind: demo_sink
-    config: {expected: 0}
-    subscribes: [doubled]
+WITH_CHECKPOINTER = idle_demo_graph("checkpoints", """
   checkpointer:
     kind: checkpointer
     config: {services: [], interval_s: 0.2, final: false}
-"""
+""")
 
 
 def _read(path: str) -> str:

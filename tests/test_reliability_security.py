@@ -12,7 +12,7 @@ import zmq
 from pipeline import cli, codec
 from pipeline.messages import ControlRequest
 from pipeline.sockets import check_private_dir, private_socket_dir, remove_socket_dir
-from tests.pipeline_harness import ROOT, LiveRun
+from tests.pipeline_harness import ROOT, LiveRun, idle_demo_graph
 
 DEMO = os.path.join(ROOT, "graphs", "demo_counter.yaml")
 IDLE = ("nodes.source.config.count=0", "nodes.sink.config.expected=0")
@@ -30,27 +30,10 @@ def _request(endpoint: str, args: dict):
         sock.close(linger=0)
 
 
-PROBED = """
-name: probed
-topics:
-  numbers: {delivery: reliable}
-  doubled: {delivery: reliable}
-nodes:
-  source:
-    kind: demo_source
-    config: {count: 0}
-    publishes: [numbers]
-  transformer:
-    kind: demo_transformer
-    subscribes: [numbers]
-    publishes: [doubled]
-  sink:
-    kind: demo_sink
-    config: {expected: 0}
-    subscribes: [doubled]
+PROBED = idle_demo_graph("probed", """
   probe:
     kind: "tests.pipeline_harness:secret_probe"
-"""
+""")
 
 
 def test_socket_dirs_are_fresh_private_and_refused_when_not_ours(tmp_path):
