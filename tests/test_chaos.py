@@ -30,6 +30,7 @@ class Chaos:
         self.kills: list[str] = []
         self.times: list[tuple[float, str]] = []
         self.stopped = threading.Event()
+        self.killed = threading.Condition()  # notified at every kill
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
     def start(self) -> Chaos:
@@ -51,10 +52,18 @@ class Chaos:
             if node and node.get("pid") and node["state"] == "running":
                 try:
                     os.kill(node["pid"], signal.SIGKILL)
-                    self.kills.append(victim)
-                    self.times.append((now, victim))
+                    with self.killed:
+                        self.kills.append(victim)
+                        self.times.append((now, victim))
+                        self.killed.notify_all()
                 except ProcessLookupError:
                     pass
+
+    def wait_kills(self, count: int, timeout_s: float) -> bool:
+        """Block until ``count`` kills were made (or the chaos stopped, or the timeout)."""
+        with self.killed:
+            return self.killed.wait_for(
+                lambda: len(self.kills) >= count or not self.thread.is_alive(), timeout_s)
 
     def stop(self) -> None:
         self.stopped.set()
@@ -81,8 +90,7 @@ def test_chaos_on_sac_pendulum_reaches_its_threshold(tmp_path):
     try:
         run.wait_ready()
         chaos = Chaos(run, victims, KILL_EVERY_S, seed=11).start()
-        while len(chaos.kills) < 6 and run.proc.poll() is None:
-            time.sleep(1)  # how long the first phase lasts, not a synchronisation
+        chaos.wait_kills(6, timeout_s=600)
         chaos.stop()
         first_kills = list(chaos.kills)
         assert run.proc.poll() is None, run.stderr  # still going after 6 kills

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 
@@ -19,14 +18,19 @@ def _status(run, instance: str) -> dict:
 
 
 def _wait(run, predicate, what: str, timeout_s: float = 180):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        nodes = run.command("status")["nodes"]
-        if predicate(nodes):
-            return nodes
-        # polling the supervisor's status for a live count, not waiting for an event
-        time.sleep(0.5)
-    raise AssertionError(f"{what} within {timeout_s}s: {run.command('status')['nodes']}")
+    """The status once ``predicate(nodes)`` holds: looked at as each metrics message arrives
+    (several a second), so the wait is on events, not a polling period."""
+    seen = {}
+
+    def holds(_msg) -> bool:
+        seen["nodes"] = run.command("status")["nodes"]
+        return predicate(seen["nodes"])
+
+    try:
+        run.wait_for_message("metrics", holds, timeout_s=timeout_s)
+    except TimeoutError:
+        raise AssertionError(f"{what} within {timeout_s}s: {seen.get('nodes')}") from None
+    return seen["nodes"]
 
 
 @pytest.mark.timeout(400)

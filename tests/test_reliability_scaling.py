@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -34,14 +33,15 @@ def _steps(run, instance: str) -> int:
 
 
 def _wait_steps(run, instance: str, more_than: int, timeout_s: float = 120) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        steps = _steps(run, instance)
-        if steps > more_than:
-            return steps
-        # polling the supervisor's status: what is asked for is a live count, not an event
-        time.sleep(0.5)
-    raise AssertionError(f"{instance} did not pass {more_than} steps in {timeout_s}s")
+    """Wait until ``instance`` has stepped past ``more_than``: looked at as each metrics message
+    arrives, so the wait is on events, not a polling period."""
+    try:
+        run.wait_for_message("metrics", lambda _m: _steps(run, instance) > more_than,
+                             timeout_s=timeout_s)
+    except TimeoutError:
+        raise AssertionError(f"{instance} did not pass {more_than} steps in {timeout_s}s") \
+            from None
+    return _steps(run, instance)
 
 
 @pytest.mark.timeout(300)
