@@ -15,7 +15,8 @@ import time
 
 from pipeline.broadcast import BroadcastPublisher, BroadcastSubscriber
 from pipeline.ports import PortNotListed
-from pipeline.reliable import WINDOW_BYTES, ReliablePublisher, ReliableSubscriber
+from pipeline.reliable import WINDOW_BYTES, ReliablePublisher
+from pipeline.reliable_subscriber import ReliableSubscriber
 from pipeline.reqrep import ServerGone, ServiceClient, ServiceServer
 from pipeline.sockets import SocketFactory
 from pipeline.topics import (
