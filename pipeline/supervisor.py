@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hmac
 import json
 import logging
@@ -24,15 +23,13 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
 
-import yaml
 import zmq
 
-from pipeline import codec, curve, kinds, launchers, wiring
-from pipeline import config as configlib
+from pipeline import codec, curve, launchers, wiring
+from pipeline.commands import ControlCommands, control_commands
 from pipeline.forkserver import ForkServer
-from pipeline.graph import MAX_REPLICAS, Graph, resolve_kind
+from pipeline.graph import Graph
 from pipeline.messages import (
     ControlReply,
     ControlRequest,
@@ -48,6 +45,7 @@ from pipeline.messages import (
 )
 from pipeline.node import Launch
 from pipeline.sockets import SocketFactory, bind, remove_socket_dir, send_now, use_curve
+from pipeline.watcher import Incarnation, RunFailed, Watcher
 
 log = logging.getLogger(__name__)
 
@@ -58,170 +56,7 @@ STOP_CONDITION = "stop condition"  # a run.stop_when node finished
 FAILED_GRACE_S = 2.0
 
 
-class RunFailed(Exception):
-    """The run cannot go on (e.g. a node in a crash loop); the message names node and log."""
-
-
-@dataclass
-class Incarnation:
-    """One started process of a replica."""
-
-    launch: Launch
-    process: asyncio.subprocess.Process | None = None
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
-    exited: asyncio.Event = field(default_factory=asyncio.Event)
-    finished: bool = False  # its run() returned normally
-    failure: str = ""
-    last_heartbeat: float = 0.0
-    heartbeat: dict = field(default_factory=dict)
-    endpoints: dict = field(default_factory=dict)
-    returncode: int | None = None
-    started_at: float = field(default_factory=time.monotonic)
-
-
-class Watcher:
-    """Keeps one replica (``<node>.<replica>``) running according to its restart policy."""
-
-    def __init__(self, sup: Supervisor, node: str, replica: int, kind: str | None = None,
-                 config: dict | None = None, fresh: bool = False, trial: bool = False):
-        self.sup, self.node, self.replica = sup, node, replica
-        # A trial (a swap's replacement, a replica added by scale) that fails before it was
-        # ever ready is refused: the command that started it answers with why, and the run
-        # goes on as it was. Once ready it is watched like any other replica.
-        self.trial = trial
-        self.trial_failure: str | None = None
-        # A fresh interpreter per start instead of a fork of the supervisor's fork server:
-        # a swapped-in node must run the code on disk now, not what the server imported.
-        self.fresh = fresh
-        self.instance = f"{node}.{replica}"
-        self.kind, self.config = kind, config
-        self.current: Incarnation | None = None
-        self.failures: list[float] = []
-        self.state = "pending"
-        self.restarts = 0
-        self.stopping = False
-        self.task: asyncio.Task | None = None
-        self.done = asyncio.Event()  # the watcher stopped watching (finished, gave up, stopped)
-        self.became_ready = asyncio.Event()  # some incarnation said ready
-        self.relaunched = asyncio.Event()  # set (and replaced) at each new incarnation
-
-    @property
-    def spec(self):
-        return self.sup.graph.nodes[self.node]
-
-    async def start(self) -> Incarnation:
-        """Launch the replica and wait until an incarnation is ready.
-
-        A node that fails while starting is restarted by its policy like any other failure;
-        this returns once one incarnation said ready, and raises RunFailed if the watcher gave
-        up (crash loop, policy ``never``) or nothing was ready within ``ready_timeout_s``."""
-        try:
-            self._set_current(await self.sup.launch(self))
-        except Exception as exc:  # noqa: BLE001 - e.g. the run directory, fork, exec
-            self.state = "failed"
-            self._set_done()
-            raise RunFailed(f"node {self.instance} could not start: {type(exc).__name__}: "
-                            f"{exc}") from None
-        self.state = "starting"
-        self.task = self.sup.guarded(self._watch(self.current), f"the watcher of {self.instance}")
-        ready = asyncio.ensure_future(self.became_ready.wait())
-        gave_up = asyncio.ensure_future(self.done.wait())
-        try:
-            await asyncio.wait({ready, gave_up}, timeout=self.sup.graph.run.ready_timeout_s,
-                               return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            ready.cancel()
-            gave_up.cancel()
-        if self.became_ready.is_set() or self.state == "finished":
-            return self.current
-        if self.done.is_set():
-            raise RunFailed(self.trial_failure or self.sup.failure or
-                            f"node {self.instance} could not start; see "
-                            f"{self.sup.log_path(self)}")
-        raise RunFailed(f"node {self.instance} was not ready after "
-                        f"{self.sup.graph.run.ready_timeout_s:.0f}s; see "
-                        f"{self.sup.log_path(self)}")
-
-    async def _watch(self, inc: Incarnation) -> None:
-        policy = self.spec.restart
-        while True:
-            waits = {asyncio.ensure_future(inc.ready.wait()),
-                     asyncio.ensure_future(inc.exited.wait())}
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            for w in waits:
-                w.cancel()
-            if inc.ready.is_set() and not inc.exited.is_set():
-                self.state = "running"
-                self.became_ready.set()
-                await inc.exited.wait()
-            if self.stopping or self.sup.stopping:
-                break
-            failed = not inc.finished or inc.returncode != 0
-            if not failed:
-                self.state = "finished"
-                break
-            if self.trial and not self.became_ready.is_set():
-                self.state = "failed"
-                self.trial_failure = (
-                    f"node {self.instance} exited with code {inc.returncode} before it was "
-                    f"ready{': ' + inc.failure if inc.failure else ''}; see "
-                    f"{self.sup.log_path(self)}")
-                break
-            if policy.policy == "never":
-                self.state = "failed"
-                self.sup.fail(f"node {self.instance} exited with code {inc.returncode}"
-                              f"{': ' + inc.failure if inc.failure else ''} and its restart "
-                              f"policy is 'never'; see {self.sup.log_path(self)}")
-                break
-            now = time.monotonic()
-            self.failures = [t for t in self.failures if now - t <= policy.window_s] + [now]
-            if len(self.failures) >= policy.max_failures:
-                self.state = "crash-loop"
-                self.sup.fail(
-                    f"node {self.instance} failed {len(self.failures)} times within "
-                    f"{policy.window_s:.0f}s (last: {inc.failure or f'exit code {inc.returncode}'}"
-                    f"); see {self.sup.log_path(self)}")
-                break
-            delay = min(policy.backoff_max_s, policy.backoff_s * 2 ** (len(self.failures) - 1))
-            self.state = "backoff"
-            await asyncio.sleep(delay)  # exponential backoff, not a synchronization
-            if self.stopping or self.sup.stopping:
-                break
-            self.restarts += 1
-            try:
-                inc = await self.sup.launch(self)
-            except Exception as exc:  # noqa: BLE001 - a restart that cannot start is reported
-                self.state = "failed"
-                self.sup.fail(f"node {self.instance} could not be restarted: "
-                              f"{type(exc).__name__}: {exc}; see {self.sup.log_path(self)}")
-                break
-            self._set_current(inc)
-            self.state = "starting"
-            self.sup.publish_event(self, "restarted", f"attempt {self.restarts}")
-        self._set_done()
-
-    def _set_current(self, inc: Incarnation) -> None:
-        self.current = inc
-        self.relaunched.set()
-        self.relaunched = asyncio.Event()
-
-    def _set_done(self) -> None:
-        self.done.set()
-        self.relaunched.set()  # no next incarnation will come: wake whoever waits for one
-
-    async def stop(self, reason: str) -> None:
-        """Graceful stop of the current incarnation; SIGKILL after the grace period."""
-        self.stopping = True
-        if self.current is not None:
-            await self.sup.stop_incarnation(self.current, reason)
-        if self.task is not None:
-            self.task.cancel()
-        if self.state not in ("finished", "failed", "crash-loop"):
-            self.state = "stopped"
-        self._set_done()
-
-
-class Supervisor:
+class Supervisor(ControlCommands):
     """Runs a graph as processes. Use :meth:`run` (returns an exit code)."""
 
     def __init__(self, graph: Graph, run_dir: str, resume: str | None = None,
@@ -517,165 +352,6 @@ class Supervisor:
 
     # --- commands (run.py status|stop|restart|swap|scale) ------------------------------------
 
-    async def cmd_status(self) -> dict:
-        nodes = {}
-        for name, watchers in self.watchers.items():
-            for w in watchers:
-                inc = w.current
-                nodes[w.instance] = {
-                    "state": w.state,
-                    "kind": w.kind or self.graph.nodes[name].kind,
-                    "pid": inc.process.pid if inc and inc.process else None,
-                    "incarnation": inc.launch.incarnation if inc else None,
-                    "restarts": w.restarts,
-                    "heartbeat_age_s": round(time.monotonic() - inc.last_heartbeat, 2)
-                    if inc and inc.last_heartbeat else None,
-                    **(inc.heartbeat if inc else {}),
-                }
-        peers = self.peers()
-        taps = {}
-        for inc in self.incarnations.values():
-            for key, ep in inc.endpoints.items():
-                if key.endswith(".tap"):
-                    taps.setdefault(key[:-4], []).append(ep)
-        return {"graph": self.graph.name, "run_dir": self.run_dir,
-                "uptime_s": round(time.monotonic() - self.started_at, 1), "nodes": nodes,
-                "topics": {t: {"delivery": d.delivery, "publishers": peers.topics.get(t, []),
-                               "taps": taps.get(t, [])}
-                           for t, d in self.graph.topics.items()},
-                "events": self.events_endpoint,
-                "forkserver": {"pid": self.forkserver.pid, "alive": self.forkserver.alive}
-                if self.forkserver else None}
-
-    async def cmd_wait_ready(self, node: str | None = None, timeout: float = 300.0) -> dict:
-        """Answer once every replica of ``node`` (or of every node) is running and ready."""
-        names = [node] if node else list(self.graph.nodes)
-        for name in names:
-            self._watchers_of(name)
-
-        async def all_ready():
-            # A node's watchers exist once the run began starting it; then every current
-            # incarnation of the nodes asked about must say ready (swaps, restarts).
-            await self._watchers_made.wait()
-            while True:
-                watchers = [w for n in names for w in self.watchers[n]]
-                if not watchers:
-                    raise RunFailed(f"{', '.join(names)} did not start (see status)")
-                waits = []
-                for w in watchers:
-                    inc = w.current
-                    # An incarnation that exited while its watcher goes on (a crash, a restart
-                    # under way) is not ready: wait for the next one.
-                    if inc is not None and inc.ready.is_set() and \
-                            (not inc.exited.is_set() or w.done.is_set()):
-                        continue
-                    if w.done.is_set():
-                        raise RunFailed(f"{w.instance} stopped before it was ready "
-                                        f"(state {w.state}); see {self.log_path(w)}")
-                    waits += [w.relaunched.wait(), w.done.wait()]
-                    if inc is not None:
-                        waits += [inc.ready.wait(), inc.exited.wait()]
-                if not waits:
-                    return
-                tasks = [asyncio.ensure_future(c) for c in waits]
-                try:
-                    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for t in tasks:
-                        t.cancel()
-
-        await asyncio.wait_for(all_ready(), timeout)
-        return {"ready": names}
-
-    async def cmd_checkpoint(self, timeout: float = 600.0) -> dict:
-        """Ask the nodes that write checkpoints (those that take the ``checkpoint`` command) for
-        one now; answer with the path of what each wrote."""
-        replies = await self.ask_nodes("checkpoint", timeout)
-        done = {name: r.result.get("path") for name, r in replies.items() if r.ok}
-        errors = [f"{name}: {r.reason}" for name, r in replies.items()
-                  if not r.ok and r.result.get("code") != "unknown_command"]
-        if errors:
-            raise RunFailed("checkpoint failed: " + "; ".join(errors))
-        if not done:
-            raise ValueError("no running node writes checkpoints (the graph has no "
-                             "checkpointer, or it is not running)")
-        return {"paths": done, "path": next(iter(done.values()))}
-
-    async def cmd_stop(self) -> dict:
-        self.end("stop requested")
-        return {"stopping": True}
-
-    async def cmd_restart(self, node: str) -> dict:
-        watchers = self._watchers_of(node)
-        for w in watchers:
-            await self._replace(w, w.kind, w.config, "restarted")
-        return {"restarted": [w.instance for w in watchers]}
-
-    async def cmd_swap(self, node: str, kind: str | None = None, config: dict | None = None,
-                       set: list | None = None) -> dict:  # noqa: A002 - the CLI flag's name
-        """Make-before-break: start the replacement, wait until ready, then stop the old one."""
-        watchers = self._watchers_of(node)
-        spec = self.graph.nodes[node]
-        new_kind = kind or watchers[0].kind or spec.kind
-        new_config = dict(config if config is not None else (watchers[0].config or spec.config))
-        for item in set or []:
-            key, _, value = item.partition("=")
-            new_config[key] = yaml.safe_load(value)
-        _, config_cls = resolve_kind(new_kind)
-        if config_cls is not None:
-            try:
-                configlib.build(config_cls, new_config)
-            except configlib.ConfigError as exc:
-                raise ValueError(f"nodes.{node}.config.{exc}") from None
-        for w in watchers:
-            await self._replace(w, new_kind, new_config, "swapped")
-        return {"swapped": [w.instance for w in watchers], "kind": new_kind,
-                "config": new_config}
-
-    async def cmd_scale(self, node: str, replicas: int) -> dict:
-        watchers = self._watchers_of(node)
-        if not isinstance(replicas, int) or replicas < 1:
-            raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
-        _check_scaled(self.graph, node, replicas)  # refused before anything changes
-        while len(watchers) < replicas:
-            w = Watcher(self, node, len(watchers), watchers[0].kind, watchers[0].config,
-                        trial=True)
-            watchers.append(w)
-            try:
-                await w.start()
-            except RunFailed as exc:
-                watchers.remove(w)
-                await w.stop("could not start")
-                raise RunFailed(f"scale of {node} stopped at {len(watchers)} replicas: "
-                                f"{exc}") from None
-        while len(watchers) > replicas:
-            w = watchers.pop()
-            await w.stop("scaled down")
-        return {"node": node, "replicas": len(watchers)}
-
-    def _watchers_of(self, node: str) -> list[Watcher]:
-        if node not in self.watchers:
-            raise ValueError(f"unknown node {node!r} (nodes: {', '.join(self.watchers)})")
-        return self.watchers[node]
-
-    async def _replace(self, old: Watcher, kind, config, event: str) -> None:
-        replacement = Watcher(self, old.node, old.replica, kind, config, fresh=True,
-                              trial=True)
-        try:
-            await replacement.start()  # ready before the old one is asked to stop
-        except RunFailed as exc:
-            await replacement.stop("could not start")
-            verb = {"swapped": "swap", "restarted": "restart"}.get(event, event)
-            raise RunFailed(f"{verb} of {old.instance} refused, it keeps running: "
-                            f"{exc}") from None
-        watchers = self.watchers[old.node]
-        watchers[watchers.index(old)] = replacement
-        replacement.restarts = old.restarts
-        await old.stop(event)
-        self.publish_event(replacement, event, replacement.current.launch.incarnation)
-
-    # --- events -------------------------------------------------------------------------------
-
     def publish_event(self, watcher: Watcher, event: str, detail: str = "") -> None:
         inc = watcher.current.launch.incarnation if watcher.current else watcher.instance
         msg = Lifecycle(watcher.node, inc, event, detail)
@@ -860,11 +536,6 @@ class Supervisor:
             await self.stop_incarnation(inc, "run ending")
 
 
-def control_commands() -> set[str]:
-    """Every command a client may send: one ``cmd_<name>`` method each."""
-    return {name[4:] for name in dir(Supervisor) if name.startswith("cmd_")}
-
-
 def _error(code: str, reason: str) -> ControlReply:
     """A failed command, as data: a one-line ``reason`` and a ``code`` a client can act on
     (``unknown_command``, ``bad_request``, ``unauthorized``, ``timeout``, ``run_failed``,
@@ -897,24 +568,6 @@ def _as_async(fn):
 
     return call
 
-
-
-def _check_scaled(graph: Graph, node: str, replicas: int) -> None:
-    """Issue 11: a scale that cannot work is refused before anything changes. The graph as it
-    would be after the scale goes through the limits and every registered graph check (e.g. a
-    replay store's num_environments against the env runners' env ids)."""
-    if replicas > MAX_REPLICAS:
-        raise ValueError(f"scale of {node} to {replicas} refused: at most {MAX_REPLICAS} "
-                         f"replicas")
-    scaled = dataclasses.replace(
-        graph, nodes={**graph.nodes,
-                      node: dataclasses.replace(graph.nodes[node], replicas=replicas)})
-    for check in kinds.graph_checks():
-        try:
-            check(scaled)
-        except configlib.ConfigError as exc:
-            raise ValueError(f"scale of {node} to {replicas} refused: {exc.key}: "
-                             f"{exc.message}") from None
 
 
 def _write_json(path: str, data: dict) -> None:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from pipeline import cli
-from pipeline.supervisor import control_commands
+from pipeline.commands import control_commands
 from tests.pipeline_harness import ROOT, LiveRun, idle_demo_graph
 
 DEMO = os.path.join(ROOT, "graphs", "demo_counter.yaml")

@@ -11,7 +11,7 @@ import pytest
 import nodes  # noqa: F401 - registers the node kinds and their graph checks
 from pipeline import graph as graphlib
 from pipeline.cli import UsageError
-from pipeline.supervisor import _check_scaled
+from pipeline.commands import _check_scaled
 from tests.pipeline_harness import ROOT, LiveRun
 
 TRAINING = ["dqn_cartpole", "dqn_cartpole_per", "ppo_cartpole", "sac_pendulum", "td3_pendulum",

@@ -1,0 +1,204 @@
+"""The supervisor's control commands, one method each (``cmd_<name>``), answered as data: what
+``run.py status|wait_ready|checkpoint|stop|restart|swap|scale`` asks of a running graph. Kept apart
+from :mod:`pipeline.supervisor` (processes, peers, heartbeats, the run's life) as the part a user
+drives; :class:`~pipeline.supervisor.Supervisor` takes them in as a base class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import yaml
+
+from pipeline import config as configlib
+from pipeline import kinds
+from pipeline.graph import MAX_REPLICAS, Graph, resolve_kind
+from pipeline.watcher import RunFailed, Watcher
+
+
+class ControlCommands:
+    """``cmd_*`` handlers of :class:`~pipeline.supervisor.Supervisor` (whose state they use)."""
+
+    async def cmd_status(self) -> dict:
+        nodes = {}
+        for name, watchers in self.watchers.items():
+            for w in watchers:
+                inc = w.current
+                nodes[w.instance] = {
+                    "state": w.state,
+                    "kind": w.kind or self.graph.nodes[name].kind,
+                    "pid": inc.process.pid if inc and inc.process else None,
+                    "incarnation": inc.launch.incarnation if inc else None,
+                    "restarts": w.restarts,
+                    "heartbeat_age_s": round(time.monotonic() - inc.last_heartbeat, 2)
+                    if inc and inc.last_heartbeat else None,
+                    **(inc.heartbeat if inc else {}),
+                }
+        peers = self.peers()
+        taps = {}
+        for inc in self.incarnations.values():
+            for key, ep in inc.endpoints.items():
+                if key.endswith(".tap"):
+                    taps.setdefault(key[:-4], []).append(ep)
+        return {"graph": self.graph.name, "run_dir": self.run_dir,
+                "uptime_s": round(time.monotonic() - self.started_at, 1), "nodes": nodes,
+                "topics": {t: {"delivery": d.delivery, "publishers": peers.topics.get(t, []),
+                               "taps": taps.get(t, [])}
+                           for t, d in self.graph.topics.items()},
+                "events": self.events_endpoint,
+                "forkserver": {"pid": self.forkserver.pid, "alive": self.forkserver.alive}
+                if self.forkserver else None}
+
+    async def cmd_wait_ready(self, node: str | None = None, timeout: float = 300.0) -> dict:
+        """Answer once every replica of ``node`` (or of every node) is running and ready."""
+        names = [node] if node else list(self.graph.nodes)
+        for name in names:
+            self._watchers_of(name)
+
+        async def all_ready():
+            # A node's watchers exist once the run began starting it; then every current
+            # incarnation of the nodes asked about must say ready (swaps, restarts).
+            await self._watchers_made.wait()
+            while True:
+                watchers = [w for n in names for w in self.watchers[n]]
+                if not watchers:
+                    raise RunFailed(f"{', '.join(names)} did not start (see status)")
+                waits = []
+                for w in watchers:
+                    inc = w.current
+                    # An incarnation that exited while its watcher goes on (a crash, a restart
+                    # under way) is not ready: wait for the next one.
+                    if inc is not None and inc.ready.is_set() and \
+                            (not inc.exited.is_set() or w.done.is_set()):
+                        continue
+                    if w.done.is_set():
+                        raise RunFailed(f"{w.instance} stopped before it was ready "
+                                        f"(state {w.state}); see {self.log_path(w)}")
+                    waits += [w.relaunched.wait(), w.done.wait()]
+                    if inc is not None:
+                        waits += [inc.ready.wait(), inc.exited.wait()]
+                if not waits:
+                    return
+                tasks = [asyncio.ensure_future(c) for c in waits]
+                try:
+                    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for t in tasks:
+                        t.cancel()
+
+        await asyncio.wait_for(all_ready(), timeout)
+        return {"ready": names}
+
+    async def cmd_checkpoint(self, timeout: float = 600.0) -> dict:
+        """Ask the nodes that write checkpoints (those that take the ``checkpoint`` command) for
+        one now; answer with the path of what each wrote."""
+        replies = await self.ask_nodes("checkpoint", timeout)
+        done = {name: r.result.get("path") for name, r in replies.items() if r.ok}
+        errors = [f"{name}: {r.reason}" for name, r in replies.items()
+                  if not r.ok and r.result.get("code") != "unknown_command"]
+        if errors:
+            raise RunFailed("checkpoint failed: " + "; ".join(errors))
+        if not done:
+            raise ValueError("no running node writes checkpoints (the graph has no "
+                             "checkpointer, or it is not running)")
+        return {"paths": done, "path": next(iter(done.values()))}
+
+    async def cmd_stop(self) -> dict:
+        self.end("stop requested")
+        return {"stopping": True}
+
+    async def cmd_restart(self, node: str) -> dict:
+        watchers = self._watchers_of(node)
+        for w in watchers:
+            await self._replace(w, w.kind, w.config, "restarted")
+        return {"restarted": [w.instance for w in watchers]}
+
+    async def cmd_swap(self, node: str, kind: str | None = None, config: dict | None = None,
+                       set: list | None = None) -> dict:  # noqa: A002 - the CLI flag's name
+        """Make-before-break: start the replacement, wait until ready, then stop the old one."""
+        watchers = self._watchers_of(node)
+        spec = self.graph.nodes[node]
+        new_kind = kind or watchers[0].kind or spec.kind
+        new_config = dict(config if config is not None else (watchers[0].config or spec.config))
+        for item in set or []:
+            key, _, value = item.partition("=")
+            new_config[key] = yaml.safe_load(value)
+        _, config_cls = resolve_kind(new_kind)
+        if config_cls is not None:
+            try:
+                configlib.build(config_cls, new_config)
+            except configlib.ConfigError as exc:
+                raise ValueError(f"nodes.{node}.config.{exc}") from None
+        for w in watchers:
+            await self._replace(w, new_kind, new_config, "swapped")
+        return {"swapped": [w.instance for w in watchers], "kind": new_kind,
+                "config": new_config}
+
+    async def cmd_scale(self, node: str, replicas: int) -> dict:
+        watchers = self._watchers_of(node)
+        if not isinstance(replicas, int) or replicas < 1:
+            raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
+        _check_scaled(self.graph, node, replicas)  # refused before anything changes
+        while len(watchers) < replicas:
+            w = Watcher(self, node, len(watchers), watchers[0].kind, watchers[0].config,
+                        trial=True)
+            watchers.append(w)
+            try:
+                await w.start()
+            except RunFailed as exc:
+                watchers.remove(w)
+                await w.stop("could not start")
+                raise RunFailed(f"scale of {node} stopped at {len(watchers)} replicas: "
+                                f"{exc}") from None
+        while len(watchers) > replicas:
+            w = watchers.pop()
+            await w.stop("scaled down")
+        return {"node": node, "replicas": len(watchers)}
+
+    def _watchers_of(self, node: str) -> list[Watcher]:
+        if node not in self.watchers:
+            raise ValueError(f"unknown node {node!r} (nodes: {', '.join(self.watchers)})")
+        return self.watchers[node]
+
+    async def _replace(self, old: Watcher, kind, config, event: str) -> None:
+        replacement = Watcher(self, old.node, old.replica, kind, config, fresh=True,
+                              trial=True)
+        try:
+            await replacement.start()  # ready before the old one is asked to stop
+        except RunFailed as exc:
+            await replacement.stop("could not start")
+            verb = {"swapped": "swap", "restarted": "restart"}.get(event, event)
+            raise RunFailed(f"{verb} of {old.instance} refused, it keeps running: "
+                            f"{exc}") from None
+        watchers = self.watchers[old.node]
+        watchers[watchers.index(old)] = replacement
+        replacement.restarts = old.restarts
+        await old.stop(event)
+        self.publish_event(replacement, event, replacement.current.launch.incarnation)
+
+    # --- events -------------------------------------------------------------------------------
+
+
+def control_commands() -> set[str]:
+    """Every command a client may send: one ``cmd_<name>`` method each."""
+    return {name[4:] for name in dir(ControlCommands) if name.startswith("cmd_")}
+
+
+def _check_scaled(graph: Graph, node: str, replicas: int) -> None:
+    """Issue 11: a scale that cannot work is refused before anything changes. The graph as it
+    would be after the scale goes through the limits and every registered graph check (e.g. a
+    replay store's num_environments against the env runners' env ids)."""
+    if replicas > MAX_REPLICAS:
+        raise ValueError(f"scale of {node} to {replicas} refused: at most {MAX_REPLICAS} "
+                         f"replicas")
+    scaled = dataclasses.replace(
+        graph, nodes={**graph.nodes,
+                      node: dataclasses.replace(graph.nodes[node], replicas=replicas)})
+    for check in kinds.graph_checks():
+        try:
+            check(scaled)
+        except configlib.ConfigError as exc:
+            raise ValueError(f"scale of {node} to {replicas} refused: {exc.key}: "
+                             f"{exc.message}") from None
