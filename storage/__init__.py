@@ -22,8 +22,9 @@ from storage.episodes import EpisodeIndex
 from storage.ere import ERE
 from storage.nest import StepType, TensorSpec
 from storage.nstep import NStepResult, nstep_returns
-from storage.replay_buffer import BatchInfo, ReplayBuffer, RingBuffer, SlotInfo
+from storage.replay_buffer import ReplayBuffer
 from storage.ring import RingStorage, RingWriter
+from storage.ring_buffer import BatchInfo, RingBuffer, SlotInfo
 from storage.sampler import PER, NothingToSample, SlotSampler
 from storage.segment_tree import (
     MaxSegmentTree,
