@@ -8,6 +8,7 @@ import datetime
 import json
 import os
 import sys
+import time
 
 import yaml
 
@@ -387,9 +388,16 @@ def control(run_dir: str, command: str, timeout: float = 120.0, **kwargs) -> dic
         sock.connect(info["control"])
         args = {**kwargs, "_timeout_s": timeout, "_secret": read_secret(run_dir)}
         sock.send_multipart(codec.encode(ControlRequest(command, args), "cli"))
-        if not sock.poll(int(timeout * 1000)):
-            raise CommandFailed(f"{run_dir}: supervisor did not answer {command!r} within "
-                                f"{timeout:.0f}s (is the run still going?)")
+        # Wait for the reply in slices: a run that ends meanwhile (its supervisor releases the
+        # run directory's lock) never answers, and the client should say so at once instead of
+        # waiting out a timeout of up to 600 s.
+        deadline = time.monotonic() + timeout
+        while not sock.poll(500):
+            if not _is_live(run_dir):
+                raise CommandFailed(f"{run_dir}: the run ended before it answered {command!r}")
+            if time.monotonic() > deadline:
+                raise CommandFailed(f"{run_dir}: supervisor did not answer {command!r} within "
+                                    f"{timeout:.0f}s (is the run still going?)")
         reply = codec.decode(sock.recv_multipart()).message
     finally:
         sock.close(linger=0)

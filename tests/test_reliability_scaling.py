@@ -75,7 +75,9 @@ def test_scale_beyond_the_replay_store_is_refused_and_the_run_goes_on(live, grap
 
 @pytest.mark.timeout(300)
 def test_scale_of_an_on_policy_graph_adds_a_runner_and_down_again(live):
-    run = live("ppo_cartpole.yaml")
+    # No early stop: PPO reaches 475 within seconds, and the run must outlive both scales.
+    run = live("ppo_cartpole.yaml", "nodes.evaluator.config.stop_at_return=null",
+               "nodes.learner.config.num_env_steps=10000000")
     run.wait_ready()
     out = run.cli("scale", run.run_dir, "env_runner", "2")
     assert out.returncode == 0, out.stderr
