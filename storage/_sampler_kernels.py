@@ -23,10 +23,8 @@ import math
 
 import numba
 import numpy as np
-from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
 
+from storage._sum_batch_kernels import void_pointer
 from storage._tree_kernels import (
     STATE_NNZ,
     find_sum_bound,
@@ -141,18 +139,6 @@ def update_priorities(
     return OK
 
 
-@intrinsic
-def _void_pointer(typingctx, address):
-    """The integer ``address`` as a ``void*``, for ``numba.carray``."""
-    if not isinstance(address, types.Integer):
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], cgutils.voidptr_t)
-
-    return types.voidptr(address), codegen
-
-
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def update_priorities_at(
     env_ids_address,
@@ -176,14 +162,14 @@ def update_priorities_at(
     """``update_priorities`` reading the ``n`` elements of contiguous CPU tensors (int64
     env ids and positions, float32 or float64 priorities) at their addresses: making a
     numpy view of a tensor costs a third of a whole update."""
-    env_ids = numba.carray(_void_pointer(env_ids_address), n, np.int64)
-    positions = numba.carray(_void_pointer(positions_address), n, np.int64)
+    env_ids = numba.carray(void_pointer(env_ids_address), n, np.int64)
+    positions = numba.carray(void_pointer(positions_address), n, np.int64)
     state = (current_pos, current_size, evicted, priority, params, per)
     trees = (sum_values, layout, sum_state, max_values, min_values)
     if priorities_float32:
-        priorities32 = numba.carray(_void_pointer(priorities_address), n, np.float32)
+        priorities32 = numba.carray(void_pointer(priorities_address), n, np.float32)
         return update_priorities(env_ids, positions, priorities32, *state, *trees, live)
-    priorities64 = numba.carray(_void_pointer(priorities_address), n, np.float64)
+    priorities64 = numba.carray(void_pointer(priorities_address), n, np.float64)
     return update_priorities(env_ids, positions, priorities64, *state, *trees, live)
 
 

@@ -30,9 +30,9 @@ import numpy as np
 import torch
 
 try:  # numba is a dependency; without it (a broken install) trees fall back to torch.
-    from storage import _tree_kernels
+    from storage import _sum_batch_kernels, _tree_kernels
 except ImportError:  # pragma: no cover - exercised where numba is absent
-    _tree_kernels = None
+    _tree_kernels = _sum_batch_kernels = None
 
 # Error codes below every real result (kernel results are changes in the non-zero count).
 _BAD_SHAPE = -(2**62) + 2
@@ -217,7 +217,7 @@ class SegmentTree:
                     and indices.ndim == 1
                     and values.ndim == 1
                 ):
-                    result = _tree_kernels.set_sum_leaves(
+                    result = _sum_batch_kernels.set_sum_leaves(
                         self._host, self._layout, self._state, indices, values
                     )
                     if result <= _BAD_SHAPE:
@@ -234,7 +234,7 @@ class SegmentTree:
                 and values.is_contiguous()
             ):
                 n, m = indices.numel(), values.numel()
-                result = _tree_kernels.set_sum_leaves_at(
+                result = _sum_batch_kernels.set_sum_leaves_at(
                     indices.data_ptr(), n, values.data_ptr(), m, dtype is torch.float32,
                     self._host, self._layout, self._state,
                 )
@@ -245,7 +245,7 @@ class SegmentTree:
             idx = _numpy_of(indices, np.int64)
             vals = _numpy_of(values, np.float64)
             if self._sum_kernel:
-                result = _tree_kernels.set_sum_leaves(
+                result = _sum_batch_kernels.set_sum_leaves(
                     self._host, self._layout, self._state, idx, vals
                 )
                 self._check_result(result, idx.shape, vals.shape)
