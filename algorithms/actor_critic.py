@@ -15,7 +15,12 @@ from torch import nn
 from algorithms.base import RLAlgorithm
 from algorithms.data import AlgStep, Experience, LossInfo, TimeStep
 from algorithms.losses import ActorCriticLoss
-from algorithms.networks import ActorDistributionNetwork, ValueNetwork, distribution_mode
+from algorithms.networks import (
+    ActorDistributionNetwork,
+    ValueNetwork,
+    actor_critic_trunk,
+    distribution_mode,
+)
 
 
 class ActorCriticAlgorithm(RLAlgorithm):
@@ -34,10 +39,12 @@ class ActorCriticAlgorithm(RLAlgorithm):
     td_loss_weight: value-loss coefficient.
     max_grad_norm: gradient clipping norm (None = off).
     init_std: initial std of the Gaussian policy (continuous actions).
+    shared_encoder_fc_layer_params: None = separate actor and value networks; a list = one
+        encoder plus these layers shared by both (see ``actor_critic_trunk``).
     """
 
     on_policy = True
-    _policy_modules = ("actor_network",)
+    _policy_modules = ("encoding_network", "actor_network")
 
     def __init__(self, observation_space, action_space, *, actor_fc_layer_params=(64, 64),
                  value_fc_layer_params=(64, 64), learning_rate: float = 7e-4,
@@ -45,17 +52,20 @@ class ActorCriticAlgorithm(RLAlgorithm):
                  use_td_lambda_return: bool = True, normalize_advantages: bool = False,
                  advantage_clip: float | None = None, entropy_regularization: float = 0.0,
                  td_loss_weight: float = 0.5, max_grad_norm: float | None = 0.5,
-                 init_std: float = 1.0, device="cpu", encoder: str = "mlp", image_layout: str = "auto",
-                 data_transformers=()):
+                 init_std: float = 1.0, device="cpu", encoder: str = "mlp",
+                 image_layout: str = "auto", data_transformers=(),
+                 shared_encoder_fc_layer_params=None):
         super().__init__(observation_space, action_space, device, max_grad_norm,
                          encoder=encoder, image_layout=image_layout,
                          data_transformers=data_transformers)
+        self.encoding_network, heads_in, heads_kwargs = actor_critic_trunk(
+            self.input_space, shared_encoder_fc_layer_params, self.net_kwargs)
         self.actor_network = ActorDistributionNetwork(
-            self.input_space, action_space, actor_fc_layer_params, activation=nn.Tanh,
+            heads_in, action_space, actor_fc_layer_params, activation=nn.Tanh,
             continuous_projection="normal", init_std=init_std, last_layer_scale=0.01,
-            **self.net_kwargs)
-        self.value_network = ValueNetwork(self.input_space, value_fc_layer_params,
-                                          activation=nn.Tanh, **self.net_kwargs)
+            **heads_kwargs)
+        self.value_network = ValueNetwork(heads_in, value_fc_layer_params,
+                                          activation=nn.Tanh, **heads_kwargs)
         self.loss = ActorCriticLoss(gamma=gamma, use_gae=use_gae, td_lambda=td_lambda,
                                     use_td_lambda_return=use_td_lambda_return,
                                     normalize_advantages=normalize_advantages,
@@ -67,24 +77,25 @@ class ActorCriticAlgorithm(RLAlgorithm):
 
     @torch.no_grad()
     def predict_step(self, time_step: TimeStep, state=()) -> AlgStep:
-        dist = self.actor_network(self._policy_input(time_step))
+        dist = self.actor_network(self.encoding_network(self._policy_input(time_step)))
         return AlgStep(output=distribution_mode(dist), state=state, info={})
 
     @torch.no_grad()
     def rollout_step(self, time_step: TimeStep, state=()) -> AlgStep:
         obs = self._policy_input(time_step)
         self._count_env_steps(obs.shape[0])
-        return AlgStep(output=self.actor_network(obs).sample(), state=state, info={})
+        dist = self.actor_network(self.encoding_network(obs))
+        return AlgStep(output=dist.sample(), state=state, info={})
 
     def train_step(self, experience: Experience, state=()) -> AlgStep:
         """``experience``: time-major unroll ``[T, B]``."""
         exp = experience
         T, B = exp.step_type.shape[:2]
-        obs = exp.observation.flatten(0, 1)
-        dist = self.actor_network(obs)
+        features = self.encoding_network(exp.observation.flatten(0, 1))
+        dist = self.actor_network(features)
         action = exp.action.flatten(0, 1)
         return AlgStep(info={
-            "exp": exp, "value": self.value_network(obs).view(T, B),
+            "exp": exp, "value": self.value_network(features).view(T, B),
             "log_prob": dist.log_prob(action).view(T, B), "entropy": dist.entropy().view(T, B)})
 
     def calc_loss(self, info) -> LossInfo:

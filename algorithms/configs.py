@@ -210,6 +210,10 @@ class PpoConfig(_Common):
                                      range=_POSITIVE)
     init_std: float = _f(1.0, "initial std of the Gaussian policy (continuous actions)",
                          range=_POSITIVE)
+    shared_encoder_fc_layer_params: list[int] | None = _f(
+        None, "null: separate actor and value networks; a list: one encoder plus these ReLU "
+              "layers shared by both (CleanRL's Atari PPO: [512] with empty actor and value "
+              "layers), half the convolutions of an image update", range=_POSITIVE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,6 +239,10 @@ class A2cConfig(_Common):
                                      range=_POSITIVE)
     init_std: float = _f(1.0, "initial std of the Gaussian policy (continuous actions)",
                          range=_POSITIVE)
+    shared_encoder_fc_layer_params: list[int] | None = _f(
+        None, "null: separate actor and value networks; a list: one encoder plus these ReLU "
+              "layers shared by both (CleanRL's Atari PPO: [512] with empty actor and value "
+              "layers), half the convolutions of an image update", range=_POSITIVE)
 
 
 @dataclass(frozen=True, kw_only=True)

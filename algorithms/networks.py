@@ -314,3 +314,19 @@ def distribution_mode(dist: td.Distribution) -> torch.Tensor:
     if isinstance(dist, SquashedNormal):
         return dist.mode
     return dist.mean
+
+
+def actor_critic_trunk(input_space: gym.Space, shared_fc_layer_params, net_kwargs: dict):
+    """What an actor and a value network sit on: ``(trunk, heads' input space, heads' kwargs)``.
+
+    ``shared_fc_layer_params`` None: no trunk (``nn.Identity``); each network has its own
+    encoder. A list: one encoder (``net_kwargs``) plus these ReLU layers, shared by both, as
+    CleanRL's Atari PPO does: half the convolutions per step, which is most of the cost of an
+    image update on a CPU; the heads then see a feature vector (``mlp``).
+    """
+    if shared_fc_layer_params is None:
+        return nn.Identity(), input_space, net_kwargs
+    trunk = EncodingNetwork(input_space.shape, None, shared_fc_layer_params, nn.ReLU,
+                            **net_kwargs)
+    features = gym.spaces.Box(-np.inf, np.inf, (trunk.output_size,), np.float32)
+    return trunk, features, {"encoder": "mlp", "image_layout": "auto"}

@@ -18,7 +18,12 @@ from torch import nn
 from algorithms.base import RLAlgorithm, _scalars
 from algorithms.data import AlgStep, Experience, LossInfo, TimeStep, TrainResult
 from algorithms.losses import PPOLoss, advantages_and_returns
-from algorithms.networks import ActorDistributionNetwork, ValueNetwork, distribution_mode
+from algorithms.networks import (
+    ActorDistributionNetwork,
+    ValueNetwork,
+    actor_critic_trunk,
+    distribution_mode,
+)
 from algorithms.value_ops import valid_mask
 
 _RENAME = {"pg_loss": "loss/pg", "td_loss": "loss/td"}
@@ -42,10 +47,12 @@ class PPOAlgorithm(RLAlgorithm):
     mini_batch_size: samples per gradient step.
     max_grad_norm: gradient clipping norm (None = off).
     init_std: initial std of the Gaussian policy (continuous actions).
+    shared_encoder_fc_layer_params: None = separate actor and value networks; a list = one
+        encoder plus these layers shared by both (see ``actor_critic_trunk``).
     """
 
     on_policy = True
-    _policy_modules = ("actor_network", "value_network")
+    _policy_modules = ("encoding_network", "actor_network", "value_network")
 
     def __init__(self, observation_space, action_space, *, actor_fc_layer_params=(64, 64),
                  value_fc_layer_params=(64, 64), learning_rate: float = 3e-4,
@@ -54,17 +61,20 @@ class PPOAlgorithm(RLAlgorithm):
                  normalize_advantages: bool = True, advantage_clip: float | None = None,
                  entropy_regularization: float = 0.0, td_loss_weight: float = 0.5,
                  num_epochs: int = 4, mini_batch_size: int = 64,
-                 max_grad_norm: float | None = 0.5, init_std: float = 1.0, device="cpu", encoder: str = "mlp", image_layout: str = "auto",
-                 data_transformers=()):
+                 max_grad_norm: float | None = 0.5, init_std: float = 1.0, device="cpu",
+                 encoder: str = "mlp", image_layout: str = "auto", data_transformers=(),
+                 shared_encoder_fc_layer_params=None):
         super().__init__(observation_space, action_space, device, max_grad_norm,
                          encoder=encoder, image_layout=image_layout,
                          data_transformers=data_transformers)
+        self.encoding_network, heads_in, heads_kwargs = actor_critic_trunk(
+            self.input_space, shared_encoder_fc_layer_params, self.net_kwargs)
         self.actor_network = ActorDistributionNetwork(
-            self.input_space, action_space, actor_fc_layer_params, activation=nn.Tanh,
+            heads_in, action_space, actor_fc_layer_params, activation=nn.Tanh,
             continuous_projection="normal", init_std=init_std, last_layer_scale=0.01,
-            **self.net_kwargs)
-        self.value_network = ValueNetwork(self.input_space, value_fc_layer_params,
-                                          activation=nn.Tanh, **self.net_kwargs)
+            **heads_kwargs)
+        self.value_network = ValueNetwork(heads_in, value_fc_layer_params,
+                                          activation=nn.Tanh, **heads_kwargs)
         self.gamma, self.td_lambda = gamma, td_lambda
         self.loss = PPOLoss(importance_ratio_clipping=importance_ratio_clipping,
                             log_prob_clipping=log_prob_clipping,
@@ -78,26 +88,28 @@ class PPOAlgorithm(RLAlgorithm):
 
     @torch.no_grad()
     def predict_step(self, time_step: TimeStep, state=()) -> AlgStep:
-        dist = self.actor_network(self._policy_input(time_step))
+        dist = self.actor_network(self.encoding_network(self._policy_input(time_step)))
         return AlgStep(output=distribution_mode(dist), state=state, info={})
 
     @torch.no_grad()
     def rollout_step(self, time_step: TimeStep, state=()) -> AlgStep:
         obs = self._policy_input(time_step)
-        dist = self.actor_network(obs)
+        features = self.encoding_network(obs)
+        dist = self.actor_network(features)
         action = dist.sample()
         self._count_env_steps(obs.shape[0])
-        return AlgStep(output=action, state=state,
-                       info={"log_prob": dist.log_prob(action), "value": self.value_network(obs)})
+        return AlgStep(output=action, state=state, info={
+            "log_prob": dist.log_prob(action), "value": self.value_network(features)})
 
     def train_step(self, experience: Experience, state=()) -> AlgStep:
         """A flat mini-batch ``[N]`` of ``observation``, ``action`` and ``rollout_info``
         (``log_prob``, ``advantages``, ``returns``)."""
         exp = experience
-        dist = self.actor_network(exp.observation)
+        features = self.encoding_network(exp.observation)
+        dist = self.actor_network(features)
         return AlgStep(info={
             "log_prob": dist.log_prob(exp.action), "entropy": dist.entropy(),
-            "value": self.value_network(exp.observation), "rollout": exp.rollout_info})
+            "value": self.value_network(features), "rollout": exp.rollout_info})
 
     def calc_loss(self, info) -> LossInfo:
         r = info["rollout"]

@@ -129,3 +129,29 @@ def test_to_tensor_keeps_the_stored_dtype():
 
     assert to_tensor(np.zeros((2, 84, 84, 4), np.uint8)).dtype == torch.uint8
     assert to_tensor(np.zeros((2, 10, 10, 4), bool)).dtype == torch.bool
+
+
+@pytest.mark.parametrize("name", ["ppo", "a2c"])
+def test_shared_encoder_runs_one_conv_stack_for_actor_and_value(name):
+    """``shared_encoder_fc_layer_params``: one encoder whose weights both losses train, that
+    travels with the policy's state, and that halves the conv layers of the model."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    common = {"name": name, "encoder": "nature_cnn", **SMALL[name]}
+    separate = algorithms.make(configs.parse(common), ATARI, DISCRETE, "cpu")
+    shared = algorithms.make(configs.parse({**common, "actor_fc_layer_params": [],
+                                            "value_fc_layer_params": [],
+                                            "shared_encoder_fc_layer_params": [16]}),
+                             ATARI, DISCRETE, "cpu")
+    convs = lambda alg: sum(isinstance(m, torch.nn.Conv2d) for m in alg.modules())  # noqa: E731
+    assert convs(shared) * 2 == convs(separate)
+    trunk = {k: v.clone() for k, v in shared.encoding_network.named_parameters()}
+    assert trunk and all(f"encoding_network.{k}" in shared.policy_state_dict() for k in trunk)
+    result = shared.train_on(_batch(shared, ATARI, DISCRETE, rng))
+    assert np.isfinite(result.metrics["loss/total"])
+    assert all(not torch.equal(v, trunk[k])
+               for k, v in shared.encoding_network.named_parameters() if k.endswith("weight"))
+    ts = TimeStep(step_type=np.full(2, int(StepType.FIRST)), reward=np.zeros(2, np.float32),
+                  discount=np.ones(2, np.float32), observation=_obs(ATARI, (2, *ATARI.shape), rng),
+                  env_id=np.arange(2))
+    assert shared.rollout_step(ts).output.shape == (2,)
