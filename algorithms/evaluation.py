@@ -1,4 +1,4 @@
-"""Greedy evaluation: the one ``evaluate()`` of the code base.
+"""Greedy (or epsilon-greedy) evaluation: the one ``evaluate()`` of the code base.
 
 The single-process trainer, the learning benchmark and the graph's evaluator node all measure a
 policy the same way (same episodes, same seeds, same environment kwargs), so their numbers can
@@ -21,10 +21,18 @@ class Evaluation(NamedTuple):
 
 
 def evaluate(alg, env_id: str, num_episodes: int = 10, seed: int = 10_000,
-             env_kwargs: dict | None = None) -> Evaluation:
+             env_kwargs: dict | None = None, epsilon: float = 0.0) -> Evaluation:
     """Mean undiscounted return and length of ``num_episodes`` greedy episodes (``predict_step``),
-    one per parallel env, on ``gymnasium.make(env_id, **env_kwargs)``."""
+    one per parallel env, on ``gymnasium.make(env_id, **env_kwargs)``.
+
+    ``epsilon``: each step, each env takes a random action with this probability instead.
+    Why: a greedy Atari policy can wait forever (Breakout after a lost life, until someone
+    presses FIRE), so each evaluation would run to the 108k-frame limit; Atari evaluations
+    (Nature DQN, CleanRL) use 0.05, and 0.001-0.01 is common.
+    """
     env = make_vector_env(env_id, num_episodes, seed, env_kwargs)
+    rng = np.random.default_rng(seed)
+    env.action_space.seed(seed)
     try:
         stepper = VectorEnvStepper(env, seed)
         ts = stepper.reset()
@@ -38,8 +46,14 @@ def evaluate(alg, env_id: str, num_episodes: int = 10, seed: int = 10_000,
                 step = alg.predict_step(ts, state)
             state = step.state
             action = step.output
-            ts = stepper.step(action.detach().cpu().numpy() if isinstance(action, torch.Tensor)
-                              else np.asarray(action))
+            action = (action.detach().cpu().numpy() if isinstance(action, torch.Tensor)
+                      else np.asarray(action))
+            if epsilon > 0.0:
+                explore = rng.random(num_episodes) < epsilon
+                if explore.any():
+                    action = action.copy()
+                    action[explore] = np.asarray(env.action_space.sample())[explore]
+            ts = stepper.step(action)
             returns += np.where(done, 0.0, ts.reward)
             lengths += ~done
             done |= ts.step_type == StepType.LAST

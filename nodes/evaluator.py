@@ -37,6 +37,9 @@ class Config(AlgorithmConfig):
     seed: int = field(default=10_000, metadata={"doc": "evaluation env seed"})
     eval_at_start: bool = field(default=False, metadata={
         "doc": "also evaluate the untrained policy (it competes for CPU with start-up)"})
+    epsilon: float = field(default=0.0, metadata={
+        "minimum": 0.0, "doc": "probability of a random action per step (Atari: 0.05, else a greedy policy "
+               "can stall until the episode's frame limit)"})
 
 
 def _build_algorithm(config: Config, device: str):
@@ -51,7 +54,8 @@ def _build_algorithm(config: Config, device: str):
 def _evaluate(alg, config: Config):
     from algorithms.evaluation import evaluate  # imports torch: not before the first evaluation
 
-    return evaluate(alg, config.env_id, config.num_eval_episodes, config.seed, config.env_kwargs)
+    return evaluate(alg, config.env_id, config.num_eval_episodes, config.seed, config.env_kwargs,
+                    config.epsilon)
 
 
 async def run(config: Config, node, ready) -> dict:

@@ -24,3 +24,23 @@ def test_evaluator_and_trainer_share_it():
 
     assert trainer.evaluate is evaluate
     assert not hasattr(evaluator, "evaluate")
+
+
+class _AlwaysLeft:
+    """A greedy policy that never changes its mind (like a Breakout policy that never FIREs)."""
+
+    def predict_step(self, time_step, state=()):
+        import numpy as np
+
+        from algorithms.data import AlgStep
+
+        return AlgStep(output=np.zeros(len(time_step.step_type), np.int64), state=state, info={})
+
+
+def test_epsilon_takes_random_actions():
+    greedy = evaluate(_AlwaysLeft(), "CartPole-v1", 10, seed=0)
+    assert greedy.mean_length <= 11  # pushing left only drops the pole within ~10 steps
+    explored = evaluate(_AlwaysLeft(), "CartPole-v1", 10, seed=0, epsilon=1.0)
+    assert explored.mean_length >= 15  # random play balances ~22 steps on average
+    again = evaluate(_AlwaysLeft(), "CartPole-v1", 10, seed=0, epsilon=1.0)
+    assert again == explored  # seeded: the same evaluation twice
