@@ -210,6 +210,13 @@ class PpoConfig(_Common):
                                      range=_POSITIVE)
     init_std: float = _f(1.0, "initial std of the Gaussian policy (continuous actions)",
                          range=_POSITIVE)
+    activation: Literal["tanh", "relu"] = _f("tanh", "activation after every hidden layer, "
+                                                     "conv layers included")
+    orthogonal_init: bool = _f(False, "orthogonal weights (gain sqrt 2; policy head 0.01, value "
+                                      "head 1) and zero biases, else torch's default init")
+    learning_rate_anneal_steps: int | None = _f(None, "trained env steps over which the "
+                                                      "learning rate decays linearly to 0 "
+                                                      "(null = constant)", minimum=1)
 
 
 @dataclass(frozen=True, kw_only=True)
