@@ -210,8 +210,15 @@ class PpoConfig(_Common):
                                      range=_POSITIVE)
     init_std: float = _f(1.0, "initial std of the Gaussian policy (continuous actions)",
                          range=_POSITIVE)
+    activation: Literal["tanh", "relu"] = _f("tanh", "activation after every hidden layer, "
+                                                     "conv layers included")
+    orthogonal_init: bool = _f(False, "orthogonal weights (gain sqrt 2; policy head 0.01, value "
+                                      "head 1) and zero biases, else torch's default init")
+    learning_rate_anneal_steps: int | None = _f(None, "trained env steps over which the "
+                                                      "learning rate decays linearly to 0 "
+                                                      "(null = constant)", minimum=1)
     shared_encoder_fc_layer_params: list[int] | None = _f(
-        None, "null: separate actor and value networks; a list: one encoder plus these ReLU "
+        None, "null: separate actor and value networks; a list: one encoder plus these "
               "layers shared by both (CleanRL's Atari PPO: [512] with empty actor and value "
               "layers), half the convolutions of an image update", range=_POSITIVE)
 

@@ -316,7 +316,8 @@ def distribution_mode(dist: td.Distribution) -> torch.Tensor:
     return dist.mean
 
 
-def actor_critic_trunk(input_space: gym.Space, shared_fc_layer_params, net_kwargs: dict):
+def actor_critic_trunk(input_space: gym.Space, shared_fc_layer_params, net_kwargs: dict,
+                       activation=nn.ReLU):
     """What an actor and a value network sit on: ``(trunk, heads' input space, heads' kwargs)``.
 
     ``shared_fc_layer_params`` None: no trunk (``nn.Identity``); each network has its own
@@ -326,7 +327,7 @@ def actor_critic_trunk(input_space: gym.Space, shared_fc_layer_params, net_kwarg
     """
     if shared_fc_layer_params is None:
         return nn.Identity(), input_space, net_kwargs
-    trunk = EncodingNetwork(input_space.shape, None, shared_fc_layer_params, nn.ReLU,
+    trunk = EncodingNetwork(input_space.shape, None, shared_fc_layer_params, activation,
                             **net_kwargs)
     features = gym.spaces.Box(-np.inf, np.inf, (trunk.output_size,), np.float32)
     return trunk, features, {"encoder": "mlp", "image_layout": "auto"}

@@ -8,9 +8,18 @@ rollout values (ALF's ``PPOAlgorithm.preprocess``); the last row only bootstraps
     ratio   = exp(log pi(a|s) - log pi_old(a|s))
     L_CLIP  = -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)
     loss    = L_CLIP + td_loss_weight * (returns - V(s))^2 - entropy_regularization * H
+
+With ``learning_rate_anneal_steps`` the learning rate falls linearly from ``learning_rate`` to 0
+over that many trained env steps (counted here, in ``trained_env_steps``, so it is checkpointed
+and a restarted learner resumes the schedule). ``orthogonal_init`` initializes every layer as
+the PPO implementation study (Andrychowicz et al. 2021; Huang et al. 2022, "37 implementation
+details") found to matter: orthogonal weights with gain sqrt(2), zero biases, gain 0.01 on the
+policy head (near-uniform first policy) and 1 on the value head.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -27,6 +36,19 @@ from algorithms.networks import (
 from algorithms.value_ops import valid_mask
 
 _RENAME = {"pg_loss": "loss/pg", "td_loss": "loss/td"}
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+
+def orthogonal_init_(network: nn.Module, head_gain: float | None = None) -> None:
+    """Orthogonal weights (gain sqrt(2)) and zero biases on every conv and linear layer of
+    ``network``, then gain ``head_gain`` on its ``head`` if given (see the module doc)."""
+    with torch.no_grad():
+        for m in network.modules():
+            if isinstance(m, (nn.Linear, nn.Conv2d)):
+                nn.init.orthogonal_(m.weight, math.sqrt(2))
+                nn.init.zeros_(m.bias)
+        if head_gain is not None:
+            nn.init.orthogonal_(network.head.weight, head_gain)
 
 
 class PPOAlgorithm(RLAlgorithm):
@@ -47,6 +69,11 @@ class PPOAlgorithm(RLAlgorithm):
     mini_batch_size: samples per gradient step.
     max_grad_norm: gradient clipping norm (None = off).
     init_std: initial std of the Gaussian policy (continuous actions).
+    activation: ``tanh`` or ``relu``, after every hidden layer (conv layers included).
+    orthogonal_init: orthogonal initialization (see the module doc); else torch's default,
+        with the policy head scaled by 0.01.
+    learning_rate_anneal_steps: trained env steps over which the learning rate decays
+        linearly to 0 (None = constant).
     shared_encoder_fc_layer_params: None = separate actor and value networks; a list = one
         encoder plus these layers shared by both (see ``actor_critic_trunk``).
     """
@@ -61,20 +88,27 @@ class PPOAlgorithm(RLAlgorithm):
                  normalize_advantages: bool = True, advantage_clip: float | None = None,
                  entropy_regularization: float = 0.0, td_loss_weight: float = 0.5,
                  num_epochs: int = 4, mini_batch_size: int = 64,
-                 max_grad_norm: float | None = 0.5, init_std: float = 1.0, device="cpu",
+                 max_grad_norm: float | None = 0.5, init_std: float = 1.0,
+                 activation: str = "tanh", orthogonal_init: bool = False,
+                 learning_rate_anneal_steps: int | None = None, device="cpu",
                  encoder: str = "mlp", image_layout: str = "auto", data_transformers=(),
                  shared_encoder_fc_layer_params=None):
         super().__init__(observation_space, action_space, device, max_grad_norm,
                          encoder=encoder, image_layout=image_layout,
                          data_transformers=data_transformers)
+        act = ACTIVATIONS[activation]
         self.encoding_network, heads_in, heads_kwargs = actor_critic_trunk(
-            self.input_space, shared_encoder_fc_layer_params, self.net_kwargs)
+            self.input_space, shared_encoder_fc_layer_params, self.net_kwargs, act)
         self.actor_network = ActorDistributionNetwork(
-            heads_in, action_space, actor_fc_layer_params, activation=nn.Tanh,
+            heads_in, action_space, actor_fc_layer_params, activation=act,
             continuous_projection="normal", init_std=init_std, last_layer_scale=0.01,
             **heads_kwargs)
-        self.value_network = ValueNetwork(heads_in, value_fc_layer_params,
-                                          activation=nn.Tanh, **heads_kwargs)
+        self.value_network = ValueNetwork(heads_in, value_fc_layer_params, activation=act,
+                                          **heads_kwargs)
+        if orthogonal_init:
+            orthogonal_init_(self.encoding_network)
+            orthogonal_init_(self.actor_network, 0.01)
+            orthogonal_init_(self.value_network, 1.0)
         self.gamma, self.td_lambda = gamma, td_lambda
         self.loss = PPOLoss(importance_ratio_clipping=importance_ratio_clipping,
                             log_prob_clipping=log_prob_clipping,
@@ -83,8 +117,24 @@ class PPOAlgorithm(RLAlgorithm):
                             entropy_regularization=entropy_regularization,
                             td_loss_weight=td_loss_weight)
         self.num_epochs, self.mini_batch_size = num_epochs, mini_batch_size
+        self.learning_rate = learning_rate
+        self.learning_rate_anneal_steps = learning_rate_anneal_steps
+        self.register_buffer("trained_env_steps", torch.zeros((), dtype=torch.int64))
         self.to(self.device)
         self._add_optimizer("ac", self.parameters(), learning_rate, eps=1e-5)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # Checkpoints written before the schedule existed have no counter: start it at 0.
+        state_dict.setdefault(prefix + "trained_env_steps",
+                              torch.zeros((), dtype=torch.int64))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def current_learning_rate(self) -> float:
+        """The learning rate of the next update (the schedule at ``trained_env_steps``)."""
+        if not self.learning_rate_anneal_steps:
+            return self.learning_rate
+        done = int(self.trained_env_steps) / self.learning_rate_anneal_steps
+        return self.learning_rate * max(0.0, 1.0 - done)
 
     @torch.no_grad()
     def predict_step(self, time_step: TimeStep, state=()) -> AlgStep:
@@ -129,6 +179,10 @@ class PPOAlgorithm(RLAlgorithm):
                                         "advantages": adv.flatten()[keep],
                                         "returns": ret.flatten()[keep]})
         n = int(keep.sum())
+        lr = self.current_learning_rate()
+        for opt in self.optimizers.values():
+            for group in opt.param_groups:
+                group["lr"] = lr
         # Metrics stay on the device until the end: one host copy per train_on, not one per
         # metric and mini-batch.
         sums: dict[str, torch.Tensor] = {}
@@ -146,6 +200,9 @@ class PPOAlgorithm(RLAlgorithm):
                         v = v.detach().float().mean()
                         sums[k] = sums[k] + v if k in sums else v
                 count += 1
+        # Env steps of this unroll: every row but the bootstrap row, LAST rows included.
+        self.trained_env_steps += (exp.step_type.shape[0] - 1) * exp.step_type.shape[1]
         metrics = {_RENAME.get(k, k): v for k, v in
                    _scalars({k: v / max(count, 1) for k, v in sums.items()}).items()}
+        metrics["learning_rate"] = lr
         return TrainResult(metrics, None)

@@ -3,7 +3,8 @@
     python bench/learning.py ALGO ENV [--seed N] [--threads N] [--no-sb3]
     python bench/learning.py ALGO ENV --graph graphs/<graph>.yaml    # through the graph
 
-Both runs use the hyperparameters of ``algorithms.presets`` (mapped onto SB3's names), the same
+Both runs use the hyperparameters of ``algorithms.presets`` (mapped onto SB3's names), or for
+MinAtar those of ``MINATAR_PRESETS`` below (the graph's, checked against the graph file), the same
 env-step budget, and the same greedy evaluation (10 episodes every ``eval_interval`` env steps,
 evaluation time excluded from the clock). Each stops at the first evaluation that reaches the
 threshold. The last line printed is one JSON object; ``ratio`` is ours / SB3 wall-clock seconds
@@ -14,6 +15,15 @@ With ``--graph``, both clocks start when a process is launched: the graph's at t
 the launch of a fresh Python process that imports SB3, builds the model and trains (its
 evaluation time is still excluded, although it stops SB3's training while the graph evaluates
 in parallel).
+
+MinAtar (``python bench/learning.py dqn MinAtar/Breakout --graph graphs/dqn_minatar.yaml``; the
+``-v1`` suffix may be left out): SB3 trains on the same environment class as the graph (uint8
+``[C, 10, 10]`` frames, sticky actions 0.1), with the same network as a custom features extractor
+(:class:`MinAtarCnn`: one 16x3x3 conv and ReLU, then SB3's 128-unit hidden layer and Q head),
+double Q and 3-step returns, 2 gradient steps per vector step of 16 envs (the graph's one update
+per 8 env steps) on mini-batches of 192 transitions (the graph's 64 windows of 4 steps train 3
+transitions each: row t on its return to the window's end), the target copied every 4,000 env
+steps (the graph's 500 updates).
 """
 
 from __future__ import annotations
@@ -33,6 +43,53 @@ from algorithms.data import AlgStep  # noqa: E402
 from algorithms.evaluation import evaluate  # noqa: E402
 from algorithms.presets import Preset, get_preset, make_algorithm  # noqa: E402
 from algorithms.sync_trainer import TrainerConfig, train  # noqa: E402
+
+# graphs/dqn_minatar.yaml's hyperparameters (``check_graph`` keeps the two the same).
+MINATAR_PRESETS: dict[str, Preset] = {
+    "dqn-MinAtar/Breakout-v1": Preset(
+        "dqn", "MinAtar/Breakout-v1", 1_000_000, 8.0,
+        algorithm=dict(encoder="minatar_cnn", fc_layer_params=(128,), learning_rate=3e-4,
+                       gamma=0.99, n_step=3, target_update_period=500,
+                       epsilon_greedy_start=1.0, rollout_epsilon_greedy=0.01,
+                       epsilon_decay_steps=100_000, td_error_loss_fn="huber"),
+        trainer=dict(num_envs=16, unroll_length=1, initial_collect_steps=5000,
+                     num_updates_per_train_iter=2, mini_batch_size=64,
+                     replay_buffer_length=6250, eval_interval=25_000)),
+}
+
+
+def preset(algo: str, env: str) -> Preset:
+    """``algorithms.presets``' task, or a MinAtar one; ``MinAtar/Breakout`` means ``-v1``."""
+    for key in (f"{algo}-{env}", f"{algo}-{env}-v1"):
+        if key in MINATAR_PRESETS:
+            return MINATAR_PRESETS[key]
+    return get_preset(algo, env)
+
+
+def check_graph(graph: str, p: Preset) -> None:
+    """Refuse a graph whose algorithm or rates differ from the preset SB3 gets: the comparison
+    is only fair with the same hyperparameters on both sides."""
+    from pipeline.graphyaml import read
+
+    g, _ = read(Path(graph).read_text(), graph)
+    nodes = g["nodes"]
+    alg = {k: v for k, v in nodes["learner"]["config"]["algorithm"].items() if k != "name"}
+    want = {k: (list(v) if isinstance(v, tuple) else v) for k, v in p.algorithm.items()}
+    if alg != want:
+        raise SystemExit(f"{graph}: algorithm {alg} differs from the bench preset {want}")
+    t = p.trainer
+    runner, store = nodes["env_runner"]["config"], nodes["replay_store"]["config"]
+    learner = nodes["learner"]["config"]
+    got = (runner["num_envs"], store["max_length"], store["min_size_to_sample"],
+           learner["mini_batch_size"], store["samples_per_insert"])
+    want_t = (t["num_envs"], t["replay_buffer_length"], t["initial_collect_steps"],
+              t["mini_batch_size"],
+              t["num_updates_per_train_iter"] * t["mini_batch_size"] // (t["unroll_length"]
+                                                                         * t["num_envs"]))
+    if got != want_t:
+        raise SystemExit(f"{graph}: (num_envs, max_length, min_size_to_sample, "
+                         f"mini_batch_size, samples_per_insert) {got} differ from the bench "
+                         f"preset's {want_t}")
 
 
 def run_ours(p: Preset, seed: int, threads: int) -> dict:
@@ -90,6 +147,78 @@ class _Sb3Policy:
         return AlgStep(output=action, state=state)
 
 
+class _MinAtarGym:
+    """One game of the graph's MinAtar env class as a Gymnasium env, for SB3's vector env."""
+
+    def __new__(cls, env_id: str):
+        import gymnasium as gym
+
+        from algorithms.envs import make_env
+
+        class Env(gym.Env):
+            def __init__(self):
+                self.inner = make_env(env_id, 1, training=True)
+                self.observation_space = self.inner.single_observation_space
+                self.action_space = self.inner.single_action_space
+
+            def reset(self, *, seed=None, options=None):
+                super().reset(seed=seed)
+                obs, _ = self.inner.reset(seed=seed)
+                return obs[0], {}
+
+            def step(self, action):
+                obs, r, term, trunc, _ = self.inner.step(np.asarray([action]))
+                return obs[0], float(r[0]), bool(term[0]), bool(trunc[0]), {}
+
+        return Env()
+
+
+def _minatar_cnn_extractor():
+    """SB3 features extractor with the graph's ``minatar_cnn`` encoder: conv 16x3/1 and ReLU
+    on the frames scaled to [0, 1] (SB3 scales uint8 images itself), flattened."""
+    from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+
+    class MinAtarCnn(BaseFeaturesExtractor):
+        def __init__(self, observation_space):
+            c, h, w = observation_space.shape
+            super().__init__(observation_space, features_dim=16 * (h - 2) * (w - 2))
+            self.net = torch.nn.Sequential(torch.nn.Conv2d(c, 16, 3, 1), torch.nn.ReLU(),
+                                           torch.nn.Flatten())
+
+        def forward(self, obs):
+            return self.net(obs)
+
+    return MinAtarCnn
+
+
+def _double_dqn_class():
+    """SB3's DQN with the Double-DQN target (the online network picks the next action), as
+    the graph's ``double_q: true``; everything else is SB3's ``train``."""
+    import torch.nn.functional as F
+    from stable_baselines3 import DQN
+
+    class DoubleDQN(DQN):
+        def train(self, gradient_steps: int, batch_size: int = 100) -> None:
+            self.policy.set_training_mode(True)
+            self._update_learning_rate(self.policy.optimizer)
+            for _ in range(gradient_steps):
+                data = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)
+                discounts = data.discounts if data.discounts is not None else self.gamma
+                with torch.no_grad():
+                    a_star = self.q_net(data.next_observations).argmax(1, keepdim=True)
+                    next_q = self.q_net_target(data.next_observations).gather(1, a_star)
+                    target = data.rewards + (1 - data.dones) * discounts * next_q
+                q = self.q_net(data.observations).gather(1, data.actions.long())
+                loss = F.smooth_l1_loss(q, target)
+                self.policy.optimizer.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+                self.policy.optimizer.step()
+            self._n_updates += gradient_steps
+
+    return DoubleDQN
+
+
 def _sb3_model(p: Preset, env, seed: int):
     import stable_baselines3 as sb3
     from stable_baselines3.common.noise import NormalActionNoise, OrnsteinUhlenbeckActionNoise
@@ -97,6 +226,24 @@ def _sb3_model(p: Preset, env, seed: int):
     a, t = p.algorithm, p.trainer
     n = t.get("num_envs", 1)
     common = dict(seed=seed, device="cpu", verbose=0)
+    if p.algo == "dqn" and a.get("encoder") == "minatar_cnn":
+        return _double_dqn_class()(
+            "CnnPolicy", env, learning_rate=a["learning_rate"], gamma=a["gamma"],
+            n_steps=a["n_step"], buffer_size=t["replay_buffer_length"] * n,
+            learning_starts=t["initial_collect_steps"],
+            # Each of our windows trains its n_step rows (row t on the return to the window's
+            # end), so a mini-batch of 64 windows is 192 trained transitions: SB3 gets the same.
+            batch_size=t["mini_batch_size"] * a["n_step"],
+            tau=1.0, train_freq=t["unroll_length"],
+            gradient_steps=t["num_updates_per_train_iter"],
+            target_update_interval=a["target_update_period"] * t["unroll_length"] * n
+            // t["num_updates_per_train_iter"],
+            exploration_fraction=a["epsilon_decay_steps"] / p.budget,
+            exploration_initial_eps=a["epsilon_greedy_start"],
+            exploration_final_eps=a["rollout_epsilon_greedy"], max_grad_norm=10.0,
+            policy_kwargs=dict(net_arch=list(a["fc_layer_params"]),
+                               features_extractor_class=_minatar_cnn_extractor()),
+            **common)
     if p.algo == "dqn":
         return sb3.DQN(
             "MlpPolicy", env, learning_rate=a["learning_rate"], gamma=a["gamma"],
@@ -172,7 +319,8 @@ def run_sb3(p: Preset, seed: int, threads: int, launched_at: float | None = None
 
     torch.set_num_threads(threads)
     n = p.trainer.get("num_envs", 1)
-    env = make_vec_env(p.env_id, n_envs=n, seed=seed)
+    env_id = (lambda: _MinAtarGym(p.env_id)) if p.env_id.startswith("MinAtar/") else p.env_id
+    env = make_vec_env(env_id, n_envs=n, seed=seed)
     model = _sb3_model(p, env, seed)
     if model is None:
         return None
@@ -221,7 +369,9 @@ def main(argv=None) -> int:
                     "single-process reference trainer")
     ap.add_argument("--sb3-launched-at", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    p = get_preset(args.algo, args.env)
+    p = preset(args.algo, args.env)
+    if args.graph and p.env_id.startswith("MinAtar/"):
+        check_graph(args.graph, p)
     if args.sb3_launched_at is not None:  # the SB3 side of --graph, in its own process
         print(json.dumps(run_sb3(p, args.seed, args.threads, args.sb3_launched_at)))
         return 0
