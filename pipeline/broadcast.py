@@ -14,6 +14,7 @@ to it, so watching a topic costs nothing when nobody watches.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -22,7 +23,8 @@ from typing import TYPE_CHECKING
 import zmq
 
 from pipeline import codec
-from pipeline.sockets import bind, recv_now, send_now
+from pipeline.channel import Channel
+from pipeline.sockets import bind, send_now
 from pipeline.topics import LATEST, LOSSY, TopicStats
 
 if TYPE_CHECKING:
@@ -129,7 +131,18 @@ class BroadcastPublisher(_XPubSide):
 
 
 class BroadcastSubscriber:
-    """SUB side of ``latest``/``lossy`` topics (and of reliable taps)."""
+    """SUB side of ``latest``/``lossy`` topics (and of reliable taps).
+
+    The socket has one reader, a :class:`~pipeline.channel.Channel` that takes every whole
+    message off it as soon as the loop sees it; :meth:`recv` and :meth:`poll_newest` read what
+    it queued. Why (issue 11, the unroller's ``Assertion failed: !_more (src/fq.cpp:80)`` abort
+    after its learner was killed): asking a SUB socket whether a message is waiting (zmq's
+    ``EVENTS``, which every event loop's readiness check does) makes libzmq read the first
+    frame of the next message ahead. If the pipe that message came from is then disconnected
+    (the supervisor's ``Peers`` replace a dead publisher's endpoint), the rest of the message
+    never comes and libzmq aborts the process. :meth:`set_endpoints` therefore takes every
+    waiting message off the socket before it disconnects anything.
+    """
 
     def __init__(self, bus: Bus, topic: str, delivery: str, hwm: int = 1000):
         self.bus, self.topic, self.delivery = bus, topic, delivery
@@ -138,13 +151,46 @@ class BroadcastSubscriber:
         self.sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
         self.endpoints: set[str] = set()
         self._last_seq: dict[str, int] = {}
+        # Accepted messages not handed out yet: for ``latest`` only the newest one.
+        self._queue: collections.deque[codec.Envelope] = collections.deque()
+        self._limit = 1 if delivery == LATEST else max(1, hwm)
+        self._wakeup: asyncio.Future | None = None
+        self._channel: Channel | None = None  # made inside the running loop, on first use
+
+    def _ensure_channel(self) -> Channel:
+        if self._channel is None:
+            self._channel = Channel(self.sock, self._on_message)
+        return self._channel
+
+    def _drain(self) -> None:
+        """Take every whole message waiting on the socket into the queue."""
+        if self._channel is not None:
+            self._channel.drain()
+            return
+        while self.sock.get(zmq.EVENTS) & zmq.POLLIN:  # no loop yet: read it directly
+            self._on_message(self.sock.recv_multipart(zmq.NOBLOCK, copy=False).result())
 
     def set_endpoints(self, endpoints: list[str]) -> None:
+        gone = self.endpoints - set(endpoints)
+        if gone:
+            self._drain()  # no message half read from a pipe we are about to cut (see above)
         for endpoint in set(endpoints) - self.endpoints:
             self.sock.connect(endpoint)
-        for endpoint in self.endpoints - set(endpoints):
+        for endpoint in gone:
             self.sock.disconnect(endpoint)
         self.endpoints = set(endpoints)
+
+    def _on_message(self, frames) -> None:
+        envelope = self._accept(frames)
+        if envelope is None:
+            return
+        if len(self._queue) >= self._limit:
+            self._queue.popleft()  # latest: superseded; lossy: the oldest is dropped
+            if self.delivery != LATEST:
+                self.stats.dropped += 1
+        self._queue.append(envelope)
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
 
     def _accept(self, frames) -> codec.Envelope | None:
         try:
@@ -163,20 +209,20 @@ class BroadcastSubscriber:
 
     async def recv(self) -> codec.Envelope:
         """Next message; for ``latest``, the newest one available."""
-        while True:
-            envelope = self._accept(await self.sock.recv_multipart(copy=False))
-            if envelope is None:
-                continue
-            if self.delivery == LATEST:
-                newer = self.poll_newest()
-                envelope = newer or envelope
-            return envelope
+        self._ensure_channel().drain()  # what is waiting now counts, whoever polled the socket
+        while not self._queue:
+            self._wakeup = asyncio.get_running_loop().create_future()
+            try:
+                await self._wakeup
+            finally:
+                self._wakeup = None
+        return self._queue.popleft()
 
     def poll_newest(self) -> codec.Envelope | None:
         """The newest message waiting, without blocking (None if nothing new)."""
-        newest = None
-        while (frames := recv_now(self.sock)) is not None:
-            newest = self._accept(frames) or newest
+        self._ensure_channel().drain()
+        newest = self._queue[-1] if self._queue else None
+        self._queue.clear()
         return newest
 
     def __aiter__(self):
@@ -186,4 +232,6 @@ class BroadcastSubscriber:
         return await self.recv()
 
     def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
         self.bus.sockets.close(self.sock)

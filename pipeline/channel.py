@@ -39,7 +39,7 @@ class Channel:
     The channel must be the socket's only user: nothing may await the asyncio socket's own
     ``send``/``recv`` (they would compete for the same wake-ups). Meant for ROUTER/DEALER
     sockets with no high-water mark, which never block on send; a send raises ``zmq.Again``
-    or ``zmq.ZMQError`` like a non-blocking send.
+    or ``zmq.ZMQError`` like a non-blocking send. A SUB socket may use it to receive only.
     """
 
     def __init__(self, sock: zmq.asyncio.Socket, on_message: Callable[[list], None]):
@@ -65,6 +65,12 @@ class Channel:
         if not self._drain_due:
             self._drain_due = True
             self._loop.call_soon(self._drain)
+
+    def drain(self) -> None:
+        """Hand over every whole message waiting now. Afterwards libzmq holds no message it
+        has started to read: a pipe may then be disconnected safely (see
+        :meth:`pipeline.broadcast.BroadcastSubscriber.set_endpoints`)."""
+        self._drain()
 
     def _drain(self) -> None:
         self._drain_due = False
