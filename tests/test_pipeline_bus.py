@@ -360,12 +360,18 @@ async def _undeclared_group(tmp_path) -> None:
         intruder = raw()  # joins a group the graph does not have, with credit 1, and goes away
         await intruder.send_multipart(codec.encode(Join("numbers", "intruder", "x.0", 1, 1 << 30)))
 
+        async def joined():  # the publisher runs in this loop: wait for it to see the join
+            while "intruder" not in pub.groups:
+                await asyncio.sleep(0.005)
+
+        await asyncio.wait_for(joined(), 5)
+
         async def produce():
             for i in range(1, 41):  # ten times the hwm: the intruder's queue must not hold it
                 await pub.send(Record(i, None))
 
         producer = asyncio.ensure_future(produce())
-        # It joined while messages were flowing (else this times out): it got one, keeps it.
+        # It joined before the messages: it got the first one, and keeps it.
         await asyncio.wait_for(intruder.recv_multipart(), 5)
         intruder.close(linger=0)
         origins = [(await asyncio.wait_for(sub.recv(), 5)).message.origin for _ in range(40)]
