@@ -1,0 +1,60 @@
+"""``bench/learning.py dqn MinAtar/Breakout --graph graphs/dqn_minatar.yaml`` gives SB3 the graph's
+hyperparameters: the bench refuses a graph that drifts from its preset, and the SB3 side sees the
+graph's observations (uint8 ``[4, 10, 10]``) through the same network shape."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from algorithms.envs import minatar
+
+ROOT = Path(__file__).resolve().parents[1]
+GRAPH = ROOT / "graphs" / "dqn_minatar.yaml"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_learning", ROOT / "bench" / "learning.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_learning"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_short_id_names_the_graphs_preset(bench):
+    p = bench.preset("dqn", "MinAtar/Breakout")
+    assert p.env_id == "MinAtar/Breakout-v1" and p.threshold == 8.0 and p.budget == 1_000_000
+    bench.check_graph(str(GRAPH), p)  # the shipped graph matches
+
+
+@pytest.mark.parametrize("old,new", [
+    ("learning_rate: 0.0003", "learning_rate: 0.0005"),
+    ("n_step: 3", "n_step: 1"),
+    ("samples_per_insert: 8", "samples_per_insert: 4"),
+    ("num_envs: 16, seed: 0", "num_envs: 8, seed: 0"),
+])
+def test_a_graph_that_differs_from_the_preset_is_refused(bench, tmp_path, old, new):
+    text = GRAPH.read_text()
+    assert old in text
+    changed = tmp_path / "dqn_minatar.yaml"
+    changed.write_text(text.replace(old, new))
+    with pytest.raises(SystemExit, match="differ"):
+        bench.check_graph(str(changed), bench.preset("dqn", "MinAtar/Breakout"))
+
+
+@pytest.mark.skipif(not minatar.installed(), reason="needs the [minatar] extra")
+def test_sb3_side_gets_the_graphs_frames_and_network(bench):
+    pytest.importorskip("stable_baselines3")
+    import torch
+
+    env = bench._MinAtarGym("MinAtar/Breakout-v1")
+    obs, _ = env.reset(seed=0)
+    assert obs.dtype == np.uint8 and obs.shape == (4, 10, 10)
+    obs, reward, terminated, truncated, _ = env.step(0)
+    assert obs.shape == (4, 10, 10) and isinstance(reward, float)
+    extractor = bench._minatar_cnn_extractor()(env.observation_space)
+    assert extractor.features_dim == 16 * 8 * 8
+    assert extractor(torch.zeros(2, 4, 10, 10)).shape == (2, 1024)
