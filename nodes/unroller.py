@@ -185,19 +185,17 @@ async def run(config: Config, node, ready) -> dict:
 
     state_task = start_state_server(bus, "unroller_state", "unroller", unroller, flush_if_final)
     tasks = [state_task] if state_task else []
+    held = None  # a request that must wait for the next batch (see take_batch)
     try:
         while True:
-            first = server.recv_nowait()
+            first, held = held or server.recv_nowait(), None
             if first is None:  # nothing waiting: sleep until a request comes or the run stops
                 first = await node.wait_or_stop(server.recv())
                 if first is None:
                     break
             elif node.stopping.is_set():
                 break
-            requests = [first]
-            while len(requests) < config.max_batch_requests and \
-                    (more := server.recv_nowait()) is not None:
-                requests.append(more)
+            requests, held = take_batch(first, server.recv_nowait, config.max_batch_requests)
             await unroller.act(requests)
     except Stopping:
         pass
@@ -205,6 +203,38 @@ async def run(config: Config, node, ready) -> dict:
         for task in tasks:
             task.cancel()
     return {"env_steps": unroller.env_steps, "version": unroller.version}
+
+
+def take_batch(first, recv_nowait, limit: int) -> tuple[list, object | None]:
+    """``first`` and the requests waiting behind it (``recv_nowait()`` until None), at most
+    ``limit``, acted on together; returns ``(requests, held)``, ``held`` being a request that
+    must start the next batch.
+
+    A batch never holds two steps of one environment (issue 11: a replay store exited with
+    ``env_ids of one batch must be distinct``): a runner killed -9 leaves its last request in
+    the queue and its restart asks for the same environments again, and a runner whose
+    request timed out asks again for the same step. Both requests are answered, in the order
+    they came, as they would be had they come a moment apart; only never in one batch,
+    because one batch is one row per environment of the replay store's rings.
+    """
+    requests = [first]
+    if limit <= 1:
+        return requests, None
+    seen = None
+    while len(requests) < limit and (more := recv_nowait()) is not None:
+        if seen is None:
+            seen = set(_env_ids(first))
+        ids = _env_ids(more)
+        if not seen.isdisjoint(ids):
+            return requests, more
+        seen.update(ids)
+        requests.append(more)
+    return requests, None
+
+
+def _env_ids(request) -> list:
+    step = request.message
+    return (np.asarray(step.time_step["env_id"]) + step.env_offset).tolist()
 
 
 def _batched_time_step(steps: list) -> TimeStep:
