@@ -430,10 +430,13 @@ class Supervisor(ControlCommands):
 
     async def run(self, progress=None) -> int:
         """Start everything, wait for the end condition, stop everything. Returns exit code."""
-        self._bind()
+        # Signal handlers first: _bind prints the "control:" line that tells scripts the run
+        # takes commands, and a SIGINT sent right after it must be a clean stop, not a
+        # KeyboardInterrupt in the middle of start-up (seen as a run that never exited).
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.end, f"signal {sig.name}")
+        self._bind()
         helpers = [self.guarded(self._serve_control(), "the control endpoint"),
                    self.guarded(self._heartbeat_watchdog(), "the heartbeat watchdog"),
                    self.guarded(self._watch_completion(), "the stop condition")]
