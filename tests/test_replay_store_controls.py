@@ -119,7 +119,7 @@ def finished(run: LiveRun) -> dict:
 def test_uniform_controls_reach_the_buffer(live, tmp_path):
     graph = write_graph(tmp_path, {
         "max_use": 3, "max_staleness": 2, "sample_statistics": "true",
-        "throughput_period_s": 1.0, "ere_eta": 0.9, "ere_cmin": 400, "ere_round": 20,
+        "throughput_period_s": 0.2, "ere_eta": 0.9, "ere_cmin": 400, "ere_round": 20,
         "num_earliest_frames_ignored": 5, "nstep": 3, "nstep_gamma": 0.9,
         "record_episodic_return": "true", "episodic_gamma": 0.9, "default_return": -1000.0,
     }, publish_every=8)
