@@ -14,6 +14,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 
 import zmq
 
@@ -68,9 +69,17 @@ class LiveRun:
             for ep in taps:
                 sock.connect(ep)
             sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
+            deadline = time.monotonic() + timeout_s
             while True:
-                if not sock.poll(int(timeout_s * 1000)):
-                    raise TimeoutError(f"no message on {topic} for {timeout_s}s")
+                # Waits in slices so that a run which ended is reported as such (with its exit
+                # code and last words) instead of as a silent topic.
+                if not sock.poll(1000):
+                    if self.proc.poll() is not None:
+                        raise RuntimeError(f"run.py exited with {self.proc.returncode} while "
+                                           f"waiting on {topic}: {self.stderr_tail()}")
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"no message on {topic} for {timeout_s}s")
+                    continue
                 msg = codec.decode(sock.recv_multipart()[1:]).message
                 if predicate(msg):
                     return msg
@@ -85,6 +94,12 @@ class LiveRun:
             raise
         self.stderr_lines.append(rest)
         return self.proc.returncode
+
+    def stderr_tail(self, lines: int = 8) -> str:
+        """The last lines run.py wrote to stderr (read to the end once it has exited)."""
+        if self.proc.poll() is not None and self.proc.stderr:
+            self.stderr_lines.append(self.proc.stderr.read())
+        return " | ".join("".join(self.stderr_lines).strip().splitlines()[-lines:])
 
     @property
     def stderr(self) -> str:

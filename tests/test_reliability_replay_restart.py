@@ -35,7 +35,11 @@ def _wait(run, predicate, what: str, timeout_s: float = 180):
 
 @pytest.mark.timeout(400)
 def test_kill_9_of_the_replay_store_leaves_learner_and_unroller_running(tmp_path):
-    run = LiveRun(str(tmp_path / "run"), os.path.join(ROOT, "graphs", "dqn_cartpole.yaml"))
+    # No stop condition: on a slow machine the graph reached 475 between two kills, the run
+    # ended and the wait for the replay store's restart saw no message for 180 s.
+    run = LiveRun(str(tmp_path / "run"), os.path.join(ROOT, "graphs", "dqn_cartpole.yaml"),
+                  "nodes.evaluator.config.stop_at_return=null",
+                  "nodes.learner.config.num_env_steps=100000000")
     try:
         run.wait_ready()
         trained = lambda nodes: nodes["learner.0"].get("status", {}).get("iteration", 0) > 50  # noqa: E731
