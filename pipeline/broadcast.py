@@ -110,7 +110,8 @@ class BroadcastPublisher(_XPubSide):
         except zmq.Again:
             self.stats.dropped += 1
 
-    async def send(self, msg) -> None:
+    async def send(self, msg, key: int | None = None) -> None:
+        """Send now (``key`` partitions reliable topics only; every subscriber gets this)."""
         self.send_nowait(msg)
 
     def send_nowait(self, msg) -> None:

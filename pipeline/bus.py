@@ -27,6 +27,7 @@ from pipeline.topics import (
     RELIABLE,
     TopicSpec,
     TopicStats,
+    partition_group,
 )
 
 __all__ = ["DELIVERY_CLASSES", "HWM_BYTES", "LATEST", "LOSSY", "RELIABLE", "WINDOW_BYTES",
@@ -46,11 +47,12 @@ class Bus:
     def __init__(self, instance: str, group: str, topics: dict[str, TopicSpec],
                  bind_endpoints: dict[str, str], consumer_groups: dict[str, list[str]],
                  sockets: SocketFactory | None = None, subscriptions: tuple = (),
-                 listed: dict | None = None):
+                 listed: dict | None = None, replica: int = 0):
         """``listed`` (given by the node runtime) maps ``subscribes`` and/or ``calls`` to the
         names the graph entry lists; asking for any other is a :class:`PortNotListed` at once.
         Publishing and serving are always limited to ``bind_endpoints``."""
         self.instance, self.group = instance, group
+        self.replica = replica  # which consumer group it joins on a partitioned topic
         self.listed = listed or {}
         self.topics = topics
         self.bind_endpoints = bind_endpoints
@@ -88,8 +90,10 @@ class Bus:
             self._check_listed("subscribes", topic)
             spec = self._spec(topic)
             if spec.delivery == RELIABLE:
+                group = partition_group(self.group, self.replica) if spec.partitioned \
+                    else self.group
                 sub = ReliableSubscriber(self, topic, window or max(1, min(spec.hwm, 256)),
-                                         window_bytes)
+                                         window_bytes, group)
             else:
                 sub = BroadcastSubscriber(self, topic, spec.delivery,
                                           hwm=2 if spec.delivery == LATEST else spec.hwm)

@@ -20,13 +20,13 @@ import yaml
 from pipeline import config as configlib
 from pipeline import graphyaml, kinds, ports
 from pipeline.graphyaml import GraphError, Lines
-from pipeline.topics import DELIVERY_CLASSES, HWM_BYTES, RELIABLE
+from pipeline.topics import DELIVERY_CLASSES, HWM_BYTES, RELIABLE, partition_group
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 RESTART_POLICIES = ("always", "on-failure", "never")
 
 TOP_KEYS = {"name", "description", "topics", "services", "nodes", "run"}
-TOPIC_KEYS = {"delivery", "hwm", "hwm_bytes"}
+TOPIC_KEYS = {"delivery", "hwm", "hwm_bytes", "partitioned"}
 MAX_REPLICAS = 64  # per node: each replica is a process on this machine
 IPC_PATH_MAX = 107  # bytes in a unix socket path (sun_path, with its NUL)
 # Room an ipc endpoint needs besides the node and topic names: the socket directory (the temp
@@ -75,6 +75,10 @@ class TopicDecl:
     delivery: str
     hwm: int
     hwm_bytes: int = HWM_BYTES
+    # Each replica of a consumer node is a consumer group of its own ("node/r") and a keyed
+    # message goes to replica ``key % replicas`` only (sharded replay: an environment's steps
+    # always land in one shard). Consumers with one replica, and other nodes, get everything.
+    partitioned: bool = False
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,12 @@ class Graph:
     ports: dict = field(default_factory=dict)  # node -> its kind's Ports, or None (undeclared)
 
     def consumer_groups(self, topic: str) -> list[str]:
-        return [n.name for n in self.nodes.values() if topic in n.subscribes]
+        """The groups a publisher of ``topic`` delivers to: one per consuming node, or on a
+        partitioned topic one per replica (``node/r``), which ``send(msg, key)`` chooses."""
+        consumers = [n for n in self.nodes.values() if topic in n.subscribes]
+        if not self.topics[topic].partitioned:
+            return [n.name for n in consumers]
+        return [partition_group(n.name, r) for n in consumers for r in range(n.replicas)]
 
     def stop_order(self) -> list[list[str]]:
         """Waves of nodes to stop: producers and callers first, so nothing is left in flight."""
@@ -242,7 +251,11 @@ def _validate(data: dict, lines: Lines) -> Graph:
                               f"{delivery} topic drops or replaces them")
         hwm_bytes = _typed(tspec.get("hwm_bytes", HWM_BYTES), int, (*path, "hwm_bytes"), lines,
                            minimum=1)
-        topics[tname] = TopicDecl(tname, delivery, hwm, hwm_bytes)
+        partitioned = _typed(tspec.get("partitioned", False), bool, (*path, "partitioned"), lines)
+        if partitioned and delivery != RELIABLE:
+            raise lines.error((*path, "partitioned"), f"only reliable topics have consumer "
+                              f"groups to partition; a {delivery} topic goes to every subscriber")
+        topics[tname] = TopicDecl(tname, delivery, hwm, hwm_bytes, partitioned)
 
     raw_nodes = _require_mapping(data.get("nodes"), ("nodes",), lines)
     if not raw_nodes:

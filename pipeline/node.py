@@ -158,7 +158,7 @@ async def run_instance(launch: Launch, sockets: SocketFactory | None = None,
     sockets = sockets or SocketFactory()
     topics = {name: TopicSpec(**spec) for name, spec in launch.topics.items()}
     bus = Bus(launch.incarnation, launch.node, topics, launch.bind, launch.consumer_groups,
-              sockets=sockets, subscriptions=tuple(launch.subscribes),
+              sockets=sockets, subscriptions=tuple(launch.subscribes), replica=launch.replica,
               listed={"subscribes": list(launch.subscribes),
                       **({"calls": list(launch.calls)} if launch.calls is not None else {})})
     node = NodeContext(bus, NodeInfo(launch.node, launch.instance, launch.replica,

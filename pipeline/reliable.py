@@ -35,7 +35,7 @@ from pipeline.broadcast import Tap
 from pipeline.channel import Channel
 from pipeline.messages import Credit, Join, Leave, LeaveAck
 from pipeline.sockets import bind, tap_endpoint
-from pipeline.topics import HWM_BYTES, TopicStats
+from pipeline.topics import HWM_BYTES, TopicStats, partition_of
 
 if TYPE_CHECKING:
     from pipeline.bus import Bus
@@ -130,8 +130,18 @@ class ReliablePublisher:
         self.stats = TopicStats()
         self.seq = 0
         self.groups = {g: _Group(g) for g in groups}
-        # (backlog, group) of every group, for the per-message loop; stats.depth is the longest.
+        # (backlog, group) of every group; stats.depth is the longest.
         self._backlogs = [(g.backlog, g) for g in self.groups.values()]
+        # Groups that get every message, for the per-message loop, and the partitioned
+        # topic's families (one per consuming node, its replicas' groups in replica order),
+        # of which a message goes to one group each (see send).
+        families: dict[str, list] = {}
+        for g in self.groups.values():
+            part = partition_of(g.name)
+            if part is not None:
+                families.setdefault(part[0], []).append((part[1], (g.backlog, g)))
+        self._families = [[pair for _, pair in sorted(f)] for f in families.values()]
+        self._plain = [(b, g) for b, g in self._backlogs if partition_of(g.name) is None]
         self._by_id: dict[bytes, tuple[_Group, _Member]] = {}
         self.sock = bus.sockets.make(zmq.ROUTER, hwm=0, router_mandatory=1)
         self.endpoint = bind(self.sock, endpoint)
@@ -148,21 +158,28 @@ class ReliablePublisher:
         self._secret = os.environ.get(SECRET_ENV) or None
         self._reaper: asyncio.TimerHandle | None = None
 
-    async def send(self, msg) -> None:
-        """Queue ``msg`` for every group; wait while any group's queue is at its bound."""
+    async def send(self, msg, key: int | None = None) -> None:
+        """Queue ``msg`` for every group; wait while any group's queue is at its bound.
+
+        On a partitioned topic each consuming node's replicas split the messages: replica
+        ``key % replicas`` gets this one (unkeyed messages are dealt round-robin)."""
         stats = self.stats
         if stats.depth >= self.hwm or self.queued_bytes >= self.hwm_bytes:
             await self._wait_for_space()
         self.seq = seq = self.seq + 1
         frames = codec.encode(msg, self.bus.instance, seq)
-        record = _Msg(seq, frames, len(self._backlogs))
-        if self._backlogs:
+        targets = self._plain
+        if self._families:
+            pick = seq if key is None else key
+            targets = targets + [family[pick % len(family)] for family in self._families]
+        record = _Msg(seq, frames, len(targets))
+        if targets:
             self._unfinished.append(record)
             self.queued_bytes += record.nbytes
         else:
             self.completed_through = seq
         depth = 0
-        for backlog, group in self._backlogs:
+        for backlog, group in targets:
             backlog.append(record)
             # Pumps run on every change of credit or membership and stop only when the backlog
             # is empty or no member has credit: a backlog that was not empty has nobody to go to.
@@ -172,7 +189,10 @@ class ReliablePublisher:
                 length = len(backlog)
             if length > depth:
                 depth = length
-        stats.depth = depth
+        if self._families:
+            self._update_depth()  # groups that did not get this message count too
+        else:
+            stats.depth = depth
         stats.sent += 1
         if self.tap.subscribers:
             self.tap.mirror(self.topic, frames)
@@ -308,6 +328,7 @@ class ReliablePublisher:
             if group is None:  # a group the graph did not declare
                 group = self.groups[msg.group] = _Group(msg.group, declared=False)
                 self._backlogs.append((group.backlog, group))
+                self._plain.append((group.backlog, group))
             member = _Member(routing_id, msg.instance, msg.credit, msg.credit_bytes,
                              last_seen=time.monotonic())
             group.members[routing_id] = member
@@ -365,6 +386,7 @@ class ReliablePublisher:
                     self.bus.instance, group.name, self.topic, len(group.backlog))
         del self.groups[group.name]
         self._backlogs = [(b, g) for b, g in self._backlogs if g is not group]
+        self._plain = [(b, g) for b, g in self._plain if g is not group]
         for record in group.backlog:
             record.remaining -= 1
         group.backlog.clear()

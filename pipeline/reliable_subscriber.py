@@ -176,8 +176,9 @@ class ReliableSubscriber:
     is coming and everything already delivered was returned.
     """
 
-    def __init__(self, bus: Bus, topic: str, window: int, window_bytes: int):
-        self.bus, self.topic, self.group = bus, topic, bus.group
+    def __init__(self, bus: Bus, topic: str, window: int, window_bytes: int,
+                 group: str | None = None):
+        self.bus, self.topic, self.group = bus, topic, group or bus.group
         self.window, self.window_bytes = window, window_bytes  # credit per publisher
         self.stats = TopicStats()
         self.connections: dict[str, _Connection] = {}

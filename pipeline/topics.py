@@ -14,6 +14,18 @@ class TopicSpec:
     delivery: str
     hwm: int = 1000  # messages a reliable group may queue
     hwm_bytes: int = HWM_BYTES  # bytes a reliable publisher may hold unacknowledged
+    partitioned: bool = False  # each consumer replica its own group; keyed sends pick one
+
+
+def partition_group(node: str, replica: int) -> str:
+    """The consumer group of replica ``replica`` of ``node`` on a partitioned topic."""
+    return f"{node}/{replica}"
+
+
+def partition_of(group: str) -> tuple[str, int] | None:
+    """``(node, replica)`` of a partition group, or None for a plain (node) group."""
+    node, sep, replica = group.rpartition("/")
+    return (node, int(replica)) if sep and replica.isdigit() else None
 
 
 @dataclass

@@ -86,7 +86,7 @@ CASES = [
     ("bad-topic-name", edit("topics:\n", "topics:\n  'my topic': {delivery: lossy}\n"), (),
      3, "topics.my topic", "names use letters"),
     ("unknown-topic-key", edit("hwm: 100}", "hwm: 100, color: red}"), (), 3,
-     "topics.numbers.color", "unknown key (allowed: delivery, hwm, hwm_bytes)"),
+     "topics.numbers.color", "unknown key (allowed: delivery, hwm, hwm_bytes, partitioned)"),
     ("bad-delivery", edit("reliable", "sometimes"), (), 3, "topics.numbers.delivery",
      "must be one of reliable, latest, lossy, got 'sometimes'"),
     ("missing-delivery", edit("delivery: reliable, ", ""), (), 3, "topics.numbers.delivery",
@@ -539,7 +539,8 @@ def test_hwm_bytes_reaches_the_launch():
 
     graph = graphlib.parse(edit("hwm: 100}", "hwm: 100, hwm_bytes: 4096}"), "g.yaml")
     launch = wiring.make_launch(graph, "source", 0, 0, "/tmp/run", "/tmp/s", None)
-    assert launch.topics["numbers"] == {"delivery": "reliable", "hwm": 100, "hwm_bytes": 4096}
+    assert launch.topics["numbers"] == {"delivery": "reliable", "hwm": 100, "hwm_bytes": 4096,
+                                      "partitioned": False}
     assert launch.calls == []
 
 
