@@ -76,12 +76,55 @@ def runners_fit_replay(graph) -> None:
     runners = [name for name in _nodes_of(graph, "env_runner")]
     if not runners:
         return
-    needed, widest = max((graph.nodes[n].replicas * graph.configs[n].num_envs, n)
-                         for n in runners)
     for store in _nodes_of(graph, "replay_store"):
+        shards = graph.nodes[store].replicas if _sharded(graph, store) else 1
+        # A shard holds the runners whose replica index is its own modulo the shard count.
+        needed, widest = max((-(-graph.nodes[n].replicas // shards) * graph.configs[n].num_envs,
+                              n) for n in runners)
         have = graph.configs[store].num_environments
         if have < needed:
+            per = "" if shards == 1 else f" (per shard: {shards} shards)"
             raise ConfigError(
                 f"nodes.{store}.config.num_environments",
                 f"is {have}, but {graph.nodes[widest].replicas} replicas of {widest!r} with "
-                f"num_envs {graph.configs[widest].num_envs} step {needed} environments")
+                f"num_envs {graph.configs[widest].num_envs} step {needed} environments{per}")
+
+
+def _sharded(graph, store: str) -> bool:
+    return any(graph.topics[t].partitioned for t in graph.nodes[store].subscribes)
+
+
+@register_graph_check
+def replay_shards_are_partitioned(graph) -> None:
+    """A replay store with replicas is a set of shards: an environment's steps must all reach
+    one shard (``experience`` partitioned: true; else n-step returns and episodes would be cut
+    across shards), priority updates must reach the shard that holds the item, and every
+    shard needs a runner of its own (a shard that never fills would stall the learner)."""
+    runners = sum(graph.nodes[n].replicas for n in _nodes_of(graph, "env_runner"))
+    for store in _nodes_of(graph, "replay_store"):
+        spec = graph.nodes[store]
+        if spec.replicas == 1:
+            continue
+        for topic in spec.subscribes:
+            if not graph.topics[topic].partitioned:
+                raise ConfigError(
+                    f"topics.{topic}", f"replay_store {store!r} has {spec.replicas} replicas "
+                    f"(shards), so {topic!r} it subscribes to needs partitioned: true")
+        if runners and runners < spec.replicas:
+            raise ConfigError(
+                f"nodes.{store}.replicas", f"is {spec.replicas} shards but the graph has "
+                f"{runners} env runner(s): every shard needs at least one runner")
+
+
+@register_graph_check
+def checkpoints_hold_one_state_per_service(graph) -> None:
+    """A checkpoint holds one state per service it asks: a service served by several replicas
+    (replay shards) would be saved from whichever answered and restored into all of them."""
+    for name in _nodes_of(graph, "checkpointer"):
+        for service in graph.configs[name].services:
+            for server, spec in graph.nodes.items():
+                if service in spec.serves and spec.replicas > 1:
+                    raise ConfigError(
+                        f"nodes.{name}.config.services",
+                        f"asks {service!r}, served by {spec.replicas} replicas of {server!r}; "
+                        f"a checkpoint holds one state per service: leave it out")

@@ -44,6 +44,7 @@ from nodes._common import (
     start_state_server,
     to_torch,
 )
+from nodes._sharded_sample import ShardedBatch, ShardedSampler
 from nodes.messages import (
     HANDOVER,
     Metrics,
@@ -56,6 +57,7 @@ from nodes.messages import (
     Trajectory,
 )
 from pipeline.ports import Port, Ports, Service
+from storage.sharding import split_by_shard
 
 log = logging.getLogger(__name__)
 
@@ -199,15 +201,17 @@ class Learner:
         priorities = self.bus.publisher("priorities") if config.prioritized else None
         length = config.mini_batch_length or getattr(self.alg, "mini_batch_length", 2)
         pending: collections.deque = collections.deque()  # sample requests in flight, FIFO
+        self.shards = ShardedSampler(client, config.prioritized, config.seed)
         try:
             await self._sample_and_train(client, priorities, length, pending)
         finally:  # also on a handover, which cancels training
             for request in pending:
                 request.cancel()
-            # Tell the replay store we stopped sampling, so it stops holding back inserts.
-            with contextlib.suppress(TimeoutError):
-                client.submit(SampleRequest(0, 0, self.iteration), 5.0).add_done_callback(
-                    lambda f: f.exception())
+            # Tell the replay stores we stopped sampling, so they stop holding back inserts.
+            for endpoint in list(client.connections) or [None]:
+                with contextlib.suppress(TimeoutError):
+                    client.submit(SampleRequest(0, 0, self.iteration), 5.0, endpoint
+                                  ).add_done_callback(lambda f: f.cancelled() or f.exception())
 
     async def _sample_and_train(self, client, priorities, length: int,
                                 pending: collections.deque) -> None:
@@ -229,7 +233,8 @@ class Learner:
             if envelope is None:  # stopping; the rate limiter may hold this one forever
                 break
             pending.popleft()
-            reply = envelope.message
+            reply = envelope if isinstance(envelope, ShardedBatch) else envelope.message
+            shards = getattr(reply, "shards", None)  # each row's replay shard, if sharded
             self.env_steps = max(self.env_steps, reply.env_steps)
             batch = to_torch(reply.experience)
             size = config.mini_batch_size
@@ -242,9 +247,19 @@ class Learner:
                 result = self.alg.train_on(exp, weights)
                 self._train_s += time.perf_counter() - started
                 if priorities is not None and result.priorities is not None:
-                    await priorities.send(Priorities(reply.env_ids[rows], reply.positions[rows],
-                                                     result.priorities))
+                    await self._send_priorities(priorities, reply, rows, result.priorities,
+                                                shards)
                 await self.after_update(result.metrics)
+
+    @staticmethod
+    async def _send_priorities(priorities, reply, rows: slice, values, shards) -> None:
+        """New priorities of the rows trained on, each back to the shard that holds it."""
+        if shards is None:
+            await priorities.send(Priorities(reply.env_ids[rows], reply.positions[rows], values))
+            return
+        for shard, (env_ids, positions, part) in split_by_shard(
+                shards[rows], reply.env_ids[rows], reply.positions[rows], values).items():
+            await priorities.send(Priorities(env_ids, positions, part), key=shard)
 
     async def _submit(self, client, length: int):
         if not client.connections:
@@ -253,8 +268,10 @@ class Learner:
             async with asyncio.timeout(self.config.request_timeout_s):
                 await client._available.wait()
         size = self.config.mini_batch_size * self.config.batches_per_request
-        return client.submit(SampleRequest(size, length, self.iteration, self.version),
-                             self.config.request_timeout_s)
+        request = SampleRequest(size, length, self.iteration, self.version)
+        if len(client.connections) > 1:  # replay shards: one request drawn across them all
+            return self.shards.submit(request, self.config.request_timeout_s)
+        return client.submit(request, self.config.request_timeout_s)
 
     async def train_on_policy(self) -> None:
         trajectories = self.bus.subscriber("trajectories")

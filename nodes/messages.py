@@ -60,6 +60,9 @@ class SampleRequest(Message):
     batch_length: int
     learner_iter: int
     learner_version: int = -1
+    # To one replay shard of several: the other shards' rate-limiter balance (items they may
+    # still give), so the samples-per-insert limit holds for all shards together.
+    others_credit: float = 0.0
 
 
 @message("rl.sample")
@@ -71,6 +74,10 @@ class SampleBatch(Message):
     positions: Any
     importance_weights: Any
     env_steps: int
+    # A shard of several: [total, count, smallest leaf, beta, credit] of its sampling
+    # distribution and rate limiter (nodes._replay_shard.sample_mass); None from a store that
+    # holds everything.
+    mass: list | None = None
 
 
 @message("rl.priorities")

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from nodes._common import resolve_device, restore_from_checkpoint, start_state_server
+from nodes._replay_shard import ShardEnvs, sample_mass
 from nodes.messages import (
     ExperienceBatch,
     Metrics,
@@ -179,9 +180,16 @@ class RateLimiter:
         # stale): only new data can help, so inserts are not held back meanwhile.
         self.starved = False
         self.changed = asyncio.Event()
+        # A shard of several: the other shards' ``own_diff`` as the learner last heard them.
+        # The limit is on the sum (one store's), so a shard the learner drew from more than
+        # its share never waits on a shard drawn from less: each alone would deadlock.
+        self.others = 0.0
+
+    def own_diff(self) -> float:
+        return max(0, self.inserted - self.min_size) * self.spi - self.sampled
 
     def _diff(self) -> float:
-        return max(0, self.inserted - self.min_size) * self.spi - self.sampled
+        return self.own_diff() + self.others
 
     def can_sample(self, items: int) -> bool:
         if self.inserted < self.min_size:
@@ -243,6 +251,9 @@ class ReplayStore:
         self.pending: collections.deque = collections.deque()  # sample requests that wait
         self.rejected_priorities = 0
         self.priority_updates = 0  # messages applied (rows of overwritten steps are ignored)
+        # One shard of several (a partitioned experience topic): local env ids, masses.
+        self.shard_envs = ShardEnvs(config.num_environments, self.storage_dir) \
+            if getattr(bus.topics.get("experience"), "partitioned", False) else None
 
     @property
     def storage_dir(self) -> str | None:
@@ -316,6 +327,8 @@ class ReplayStore:
 
     def insert(self, msg: ExperienceBatch) -> None:
         env_ids = np.asarray(msg.env_ids)
+        if self.shard_envs is not None:
+            env_ids = self.shard_envs.to_local(env_ids)
         if env_ids.size and (env_ids.min() < 0 or env_ids.max() >= self.config.num_environments):
             raise ValueError(f"experience for env id {int(env_ids.max())} but replay_store "
                              f"num_environments is {self.config.num_environments}")
@@ -361,7 +374,10 @@ class ReplayStore:
         experience.update(self._extras(info))
         self.limiter.on_sample(req.batch_size)
         return SampleBatch(experience, info.env_ids.cpu(), info.positions.cpu(),
-                           info.importance_weights.cpu(), self.limiter.inserted)
+                           info.importance_weights.cpu(), self.limiter.inserted,
+                           None if self.shard_envs is None else sample_mass(
+                               self.buffer, self.limiter.own_diff() if self.limiter.spi
+                               is not None else 0.0))
 
     def _extras(self, info) -> dict:
         """n-step returns and episodic information of each sequence's first step, ``[B]``."""
@@ -453,7 +469,8 @@ class ReplayStore:
                     k: {"shape": list(s.shape), "dtype": str(s.dtype).replace("torch.", "")}
                     for k, s in self.buffer.data_spec.items()},
                 "inserted": self.limiter.inserted, "sampled": self.limiter.sampled,
-                "sample_requests": self.sample_requests}
+                "sample_requests": self.sample_requests,
+                "shard_envs": self.shard_envs.state() if self.shard_envs is not None else None}
 
     def restore(self, state: dict) -> None:
         if state["buffer"] is not None:
@@ -463,6 +480,8 @@ class ReplayStore:
             self.buffer.load_state_dict(state["buffer"])
         self.limiter.inserted, self.limiter.sampled = state["inserted"], state["sampled"]
         self.sample_requests = int(state.get("sample_requests", 0))
+        if self.shard_envs is not None:
+            self.shard_envs.restore(state.get("shard_envs"))
 
 
 # What the graph entry may list (pipeline.ports): checked at load.
@@ -513,6 +532,9 @@ async def run(config: Config, node, ready) -> dict:
                 await request.reply(request.message)
                 continue
             store.limiter.sampler_active = True
+            if store.shard_envs is not None and store.limiter.spi is not None:
+                store.limiter.others = request.message.others_credit
+                store.limiter.changed.set()  # a held insert may go now
             store.pending.append(request)
             await store.serve_pending()
             node.status["sampled"] = store.limiter.sampled

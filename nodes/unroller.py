@@ -84,6 +84,9 @@ class Unroller:
         self.params = bus.subscriber("params") if bus.subscribes("params") else None
         self.on_policy = self.alg.on_policy
         self.output = bus.publisher("trajectories" if self.on_policy else "experience")
+        # Sharded replay: each runner's steps go to one replay shard, keyed by its replica.
+        self.partitioned = not self.on_policy and getattr(bus.topics.get("experience"),
+                                                          "partitioned", False)
         self.version = -1
         self.epoch = -1  # of the learner whose parameters we act with
         self.env_steps = 0
@@ -141,6 +144,12 @@ class Unroller:
             await request.reply(ActionBatch(action[lo:hi], self.version, self.env_steps))
         rows = strip_empty({**ts._asdict(), "action": action,
                             **{f"rollout_info.{k}": v for k, v in info.items()}})
+        if self.partitioned:
+            for i, s in enumerate(steps):
+                lo, hi = bounds[i], bounds[i + 1]
+                await self.output.send(ExperienceBatch(ts.env_id[lo:hi], {
+                    k: v[lo:hi] for k, v in rows.items()}, self.version), key=runner_replica(s))
+            return
         if not self.on_policy:
             await self.output.send(ExperienceBatch(ts.env_id, rows, self.version))
             return
@@ -230,6 +239,12 @@ def take_batch(first, recv_nowait, limit: int) -> tuple[list, object | None]:
         seen.update(ids)
         requests.append(more)
     return requests, None
+
+
+def runner_replica(step: TimeStepBatch) -> int:
+    """The replica index of the runner that sent ``step`` ("env_runner.3" -> 3): the key that
+    keeps each runner's experience in one replay shard."""
+    return int(step.runner.rpartition(".")[2])
 
 
 def _env_ids(request) -> list:

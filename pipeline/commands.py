@@ -193,6 +193,11 @@ def _check_scaled(graph: Graph, node: str, replicas: int) -> None:
     if replicas > MAX_REPLICAS:
         raise ValueError(f"scale of {node} to {replicas} refused: at most {MAX_REPLICAS} "
                          f"replicas")
+    for topic in graph.nodes[node].subscribes:
+        if graph.topics[topic].partitioned:
+            raise ValueError(f"scale of {node} to {replicas} refused: it consumes the "
+                             f"partitioned topic {topic!r}, whose partitions are fixed when "
+                             f"the run starts (restart the run with the new replicas)")
     scaled = dataclasses.replace(
         graph, nodes={**graph.nodes,
                       node: dataclasses.replace(graph.nodes[node], replicas=replicas)})

@@ -187,18 +187,25 @@ class ServiceClient:
             timeout = max(0.0, deadline - time.monotonic())
         return await self.submit(msg, timeout)
 
-    def submit(self, msg, timeout: float = 30.0) -> asyncio.Future:
+    def submit(self, msg, timeout: float = 30.0, endpoint: str | None = None) -> asyncio.Future:
         """Send ``msg`` now (needs a connected server) and return a future of the reply; it
         fails with TimeoutError after ``timeout`` seconds, or ServerGone if the server exits.
 
         For prefetching: the request is on its way before the caller goes on to other work.
+        ``endpoint`` picks the server (one of :attr:`connections`: a replay shard); by
+        default requests go round-robin.
         """
+        loop = asyncio.get_running_loop()
+        if endpoint is not None and endpoint not in self._conns:
+            future = loop.create_future()
+            future.set_exception(ServerGone(f"server of {self.service!r} at {endpoint} is gone"))
+            return future
         if not self._conns:
             return self._park(msg, timeout)
-        endpoints = list(self._conns)
-        endpoint = endpoints[next(self._rotation) % len(endpoints)]
+        if endpoint is None:
+            endpoints = list(self._conns)
+            endpoint = endpoints[next(self._rotation) % len(endpoints)]
         request_id = _U64.pack(next(self._ids))
-        loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._pending[request_id] = future
         self._sent_to[request_id] = endpoint

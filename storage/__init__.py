@@ -36,6 +36,7 @@ from storage.segment_tree import (
 from storage.sharding import (
     ShardMass,
     global_importance_weights,
+    rescale_importance_weights,
     shard_for_env,
     shard_mass,
     split_batch,
@@ -75,6 +76,7 @@ __all__ = [
     "ThroughputMonitor",
     "available_backends",
     "global_importance_weights",
+    "rescale_importance_weights",
     "nstep_returns",
     "select_backend",
     "shard_for_env",

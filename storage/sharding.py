@@ -95,6 +95,21 @@ def global_importance_weights(leaves, masses, beta: float | None) -> torch.Tenso
     return ((ratio / smallest) ** (-beta)).to(torch.float32)
 
 
+def rescale_importance_weights(weights, shard: ShardMass, masses, beta: float | None):
+    """Weights a shard computed from its own distribution, made global (what
+    ``global_importance_weights`` gives) without the leaves: PER's ``(leaf / min) ** -beta``
+    changes only by ``(min_shard / min_all) ** -beta``, ALF's ``N * P(i)`` by the ratio of
+    the mean leaves ``(count / total)``."""
+    weights = torch.as_tensor(weights, dtype=torch.float64)
+    if beta is None:
+        total = sum(m.total for m in masses)
+        count = sum(m.count for m in masses)
+        factor = (count / total) / (shard.count / shard.total)
+    else:
+        factor = (shard.min_leaf / min(m.min_leaf for m in masses)) ** (-beta)
+    return (weights * factor).to(torch.float32)
+
+
 def split_by_shard(shard_ids, *arrays) -> dict[int, tuple]:
     """Rows of ``arrays`` grouped by the shard each came from (``shard_ids``, one per row),
     in their original order: how a priority update goes back to the shards that hold the
