@@ -16,7 +16,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
-from tests.pipeline_harness import LiveRun  # noqa: E402
+from tests.pipeline_harness import ROOT, LiveRun  # noqa: E402
 
 GRAPH = """
 name: demo_on_ray
@@ -139,3 +139,25 @@ def test_dqn_cartpole_on_ray_reaches_475(cluster, tmp_path):
         run.kill()
     assert reached(run, 475, 50_000) is not None
 
+
+
+@pytest.mark.timeout(600)
+def test_sharded_replay_on_ray_stores_every_step_once(cluster, tmp_path):
+    """graphs/dqn_cartpole_sharded.yaml with run.launcher=ray: the two replay shards on a
+    worker Ray node, runners and learner on the head; every step produced is inserted once."""
+    c, _ = cluster
+    graph = os.path.join(ROOT, "graphs", "dqn_cartpole_sharded.yaml")
+    run = LiveRun(str(tmp_path / "run"), graph, "run.transport=tcp", "run.launcher=ray", f"run.ray_address={c.address}",
+                  "nodes.evaluator.config.stop_at_return=null",
+                  "nodes.learner.config.num_env_steps=5000",
+                  "nodes.replay_store.placement={resources: {worker: 0.1}}",
+                  "nodes.env_runner.placement={resources: {head: 0.1}}",
+                  "nodes.learner.placement={resources: {head: 0.1}}")
+    try:
+        assert run.finish(500) == 0, run.stderr
+    finally:
+        run.kill()
+    with open(os.path.join(run.run_dir, "summary.json")) as f:
+        nodes = json.load(f)["nodes"]
+    inserted = [nodes[f"replay_store.{i}"]["status"]["inserted"] for i in range(2)]
+    assert min(inserted) > 0 and sum(inserted) == nodes["unroller.0"]["status"]["env_steps"]
