@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from nodes._common import resolve_device, restore_from_checkpoint, start_state_server
+from nodes._rate_limiter import RateLimiter
 from nodes._replay_shard import ShardEnvs, sample_mass
 from nodes.messages import (
     ExperienceBatch,
@@ -168,49 +169,6 @@ class Config:
             raise ConfigError("throughput_period_s", "must be > 0")
 
 
-class RateLimiter:
-    """Reverb-style samples-per-insert limiter (disabled when ``spi`` is None)."""
-
-    def __init__(self, spi: float | None, tolerance: float, min_size: int):
-        self.spi, self.tolerance, self.min_size = spi, tolerance, min_size
-        self.inserted = 0
-        self.sampled = 0
-        self.sampler_active = True  # False once the learner said it left: stop holding inserts
-        # True while a sample request waits because nothing is sampleable (all evicted or
-        # stale): only new data can help, so inserts are not held back meanwhile.
-        self.starved = False
-        self.changed = asyncio.Event()
-        # A shard of several: the other shards' ``own_diff`` as the learner last heard them.
-        # The limit is on the sum (one store's), so a shard the learner drew from more than
-        # its share never waits on a shard drawn from less: each alone would deadlock.
-        self.others = 0.0
-
-    def own_diff(self) -> float:
-        return max(0, self.inserted - self.min_size) * self.spi - self.sampled
-
-    def _diff(self) -> float:
-        return self.own_diff() + self.others
-
-    def can_sample(self, items: int) -> bool:
-        if self.inserted < self.min_size:
-            return False
-        return self.spi is None or self._diff() - items >= -self.tolerance
-
-    def can_insert(self, items: int) -> bool:
-        if (self.spi is None or not self.sampler_active or self.starved
-                or self.inserted + items <= self.min_size):
-            return True
-        return self._diff() + items * self.spi <= self.tolerance
-
-    def on_insert(self, items: int) -> None:
-        self.inserted += items
-        self.changed.set()
-
-    def on_sample(self, items: int) -> None:
-        self.sampled += items
-        self.changed.set()
-
-
 def _write_spec(path: str, spec: dict) -> None:
     data = {k: {"shape": list(s.shape), "dtype": str(s.dtype).replace("torch.", "")}
             for k, s in spec.items()}
@@ -253,7 +211,7 @@ class ReplayStore:
         self.priority_updates = 0  # messages applied (rows of overwritten steps are ignored)
         # One shard of several (a partitioned experience topic): local env ids, masses.
         self.shard_envs = ShardEnvs(config.num_environments, self.storage_dir) \
-            if getattr(bus.topics.get("experience"), "partitioned", False) else None
+            if getattr(getattr(bus, "topics", {}).get("experience"), "partitioned", False) else None
 
     @property
     def storage_dir(self) -> str | None:
@@ -452,9 +410,19 @@ class ReplayStore:
         if self.buffer is None or not self.config.prioritized_sampling:
             return
         self.priority_updates += 1
+        env_ids = np.asarray(msg.env_ids, dtype=np.int64)
+        positions = np.asarray(msg.positions, dtype=np.int64)
+        # Updates for steps this incarnation never wrote (the learner drew them from the one
+        # before a restart) are stale, not an error: the buffer would refuse the whole message.
+        written = torch.as_tensor(self.buffer.writer.current_pos).cpu().numpy()
+        known = (env_ids >= 0) & (env_ids < len(written)) & (positions >= 0)
+        known[known] &= positions[known] < written[env_ids[known]]
+        self.rejected_priorities += int((~known).sum())
+        if not known.any():
+            return
         applied = self.buffer.update_priority(
-            torch.as_tensor(np.asarray(msg.env_ids)), torch.as_tensor(np.asarray(msg.positions)),
-            torch.as_tensor(np.asarray(msg.priorities), dtype=torch.float32))
+            torch.from_numpy(env_ids[known]), torch.from_numpy(positions[known]),
+            torch.as_tensor(np.asarray(msg.priorities)[known], dtype=torch.float32))
         self.rejected_priorities += int((~applied).sum()) if isinstance(applied, torch.Tensor) \
             else 0
 
@@ -564,10 +532,13 @@ async def run(config: Config, node, ready) -> dict:
         helpers.append(asyncio.ensure_future(report()))
     main = asyncio.ensure_future(ingest())
     try:
-        # Ends when the input is drained after a stop; any helper's error ends it too.
-        done, _ = await asyncio.wait([main, *helpers[:1]], return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            task.result()
+        # Ends when the input is drained after a stop; any helper's error ends it too (a
+        # priority task that died unseen once left the learner blocked on a full topic).
+        waiting = {main, *helpers}
+        while main in waiting:
+            done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
     finally:
         for task in [main, *helpers]:
             task.cancel()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -71,3 +72,35 @@ def test_shard_mistakes_are_one_line_at_load(overrides, words):
 def test_the_sharded_graph_loads():
     out = _check()
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.timeout(400)
+def test_kill_9_of_a_shard_leaves_the_learner_training_on_both(tmp_path):
+    """The killed shard restarts empty (sharded replay is not checkpointed); the learner's
+    requests to it fail over at once, it refills from its runner, and both shards are
+    sampled again."""
+    from tests.test_reliability_replay_restart import _status, _wait
+
+    run = LiveRun(str(tmp_path / "run"), GRAPH, "nodes.evaluator.config.stop_at_return=null",
+                  "nodes.learner.config.num_env_steps=100000000")
+    try:
+        run.wait_ready()
+        _wait(run, lambda nodes: nodes["learner.0"].get("status", {}).get("iteration", 0) > 50,
+              "the learner did not train")
+        shard = _status(run, "replay_store.1")
+        os.kill(shard["pid"], signal.SIGKILL)
+        _wait(run, lambda nodes: nodes["replay_store.1"]["restarts"] > shard["restarts"]
+              and nodes["replay_store.1"]["status"].get("sampled", 0) > 0
+              and nodes["replay_store.1"]["state"] == "running",
+              "the killed shard was not sampled again")
+        iteration = _status(run, "learner.0")["status"]["iteration"]
+        _wait(run, lambda nodes: nodes["learner.0"]["status"]["iteration"] > iteration + 100,
+              "the learner did not train on after the shard's restart")
+        nodes = run.command("status")["nodes"]
+        for name, node in nodes.items():
+            if name != "replay_store.1":
+                assert node["restarts"] == 0 and node["state"] == "running", (name, node)
+        run.interrupt()
+        assert run.finish() == 0, run.stderr
+    finally:
+        run.kill()
