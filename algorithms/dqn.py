@@ -124,10 +124,10 @@ class DqnAlgorithm(RLAlgorithm):
         T = exp.step_type.shape[1]
         per_sample = li.loss.sum(0) / (T - 1)
         td_error = li.extra["td_error"]
-        return LossInfo(loss=per_sample, priority=td_error[0].abs().detach(),
-                        extra={"loss/td": per_sample.detach(),
-                               "q/mean": info["q_rows"].detach(),
-                               "epsilon": self.epsilon()})
+        extra = {"loss/td": per_sample.detach(), "q/mean": info["q_rows"].detach()}
+        if self.env_steps:  # a graph's learner never acts: its epsilon would read 1.0
+            extra["epsilon"] = self.epsilon()
+        return LossInfo(loss=per_sample, priority=td_error[0].abs().detach(), extra=extra)
 
     def after_update(self, info=None) -> None:
         if self.num_updates % self.target_update_period == 0:

@@ -138,6 +138,8 @@ class Unroller:
         info = to_numpy(dict(alg_step.info or {}))
         self.env_steps += int(sum(sizes))
         self.node.status["env_steps"] = self.env_steps
+        if hasattr(self.alg, "epsilon"):  # DQN's exploration, where it acts
+            self.node.status["epsilon"] = round(self.alg.epsilon(), 3)
         bounds = np.cumsum([0, *sizes])
         for i, request in enumerate(requests):
             lo, hi = bounds[i], bounds[i + 1]
