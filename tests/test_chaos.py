@@ -44,7 +44,10 @@ class Chaos:
             now = time.monotonic()
             recent = {v: sum(1 for t, k in self.times if k == v and now - t < 60)
                       for v in self.victims}
-            victim = self.rng.choice([v for v in self.victims if recent[v] < 3])
+            spared = [v for v in self.victims if recent[v] < 3]
+            if not spared:  # every victim was killed 3 times this minute: skip a period
+                continue
+            victim = self.rng.choice(spared)
             try:
                 node = self.run.command("status")["nodes"].get(victim)
             except Exception:  # noqa: BLE001 - the run ended or the supervisor is gone
