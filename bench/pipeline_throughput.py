@@ -42,7 +42,7 @@ nodes:
   env_runner:
     kind: env_runner
     replicas: {runners}
-    config: {{env_id: CartPole-v1, num_envs: {envs}}}
+    config: {{env_id: CartPole-v1, num_envs: {envs}, env_groups: {groups}}}
     calls: [policy]
   unroller:
     kind: unroller
@@ -72,11 +72,13 @@ def single_process_rate(num_envs: int, seconds: float) -> float:
     return steps / (time.perf_counter() - start)
 
 
-def graph_rate(runners: int, envs: int, seconds: float, warmup: float) -> float:
+def graph_rate(runners: int, envs: int, seconds: float, warmup: float,
+               groups: int = 1) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "graph.yaml")
         with open(path, "w") as f:
-            f.write(GRAPH.format(runners=runners, envs=envs, total=runners * envs))
+            f.write(GRAPH.format(runners=runners, envs=envs, total=runners * envs,
+                                 groups=groups))
         run_dir = os.path.join(tmp, "run")
         proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "run.py"), "run", path,
                                  "--run-dir", run_dir, "--quiet"], cwd=ROOT,
@@ -116,13 +118,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--runners", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--env-groups", type=int, default=1,
+                        help="groups of each runner's envs stepped while the others' actions "
+                             "are computed (env_runner env_groups)")
     args = parser.parse_args()
     results = {}
     print(f"{'runners':>8}{'envs':>6}{'graph steps/s':>15}{'1-process steps/s':>19}{'ratio':>8}{'runner wait':>12}")
     for n in args.runners:
         total = n * args.envs_per_runner
         ours, (stepping, waiting) = graph_rate(n, args.envs_per_runner, args.seconds,
-                                               args.warmup)
+                                               args.warmup, args.env_groups)
         limit = single_process_rate(total, args.seconds)
         wait_share = waiting / max(stepping + waiting, 1e-9)
         results[n] = {"graph": round(ours, 1), "single_process": round(limit, 1),
@@ -130,7 +135,8 @@ def main() -> None:
         print(f"{n:>8}{total:>6}{ours:>15.0f}{limit:>19.0f}{ours / limit:>8.2f}"
               f"{wait_share:>12.2f}", flush=True)
     print(json.dumps({"bench": "pipeline_throughput", "env": "CartPole-v1",
-                      "envs_per_runner": args.envs_per_runner, "cpus": os.cpu_count(),
+                      "envs_per_runner": args.envs_per_runner,
+                      "env_groups": args.env_groups, "cpus": os.cpu_count(),
                       "results": results}))
 
 
