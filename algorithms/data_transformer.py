@@ -302,10 +302,8 @@ class FrameStacker(DataTransformer):
         reset = _t(time_step.step_type).to(obs.device) == StepType.FIRST
         if isinstance(state, tuple):
             return self._transform_by_env(time_step, obs, reset)
-        if state is None:
-            prev = obs.unsqueeze(1).expand(obs.shape[0], k, *obs.shape[1:])
-        else:
-            prev = state
+        prev = obs.unsqueeze(1).expand(obs.shape[0], k, *obs.shape[1:]) if state is None \
+            else state
         sel = reset.view(-1, *([1] * obs.dim()))
         prev = torch.where(sel, obs.unsqueeze(1), prev)
         frames = [prev[:, i] for i in range(k)] + [obs]
