@@ -6,7 +6,6 @@ importance weights equal to that store's and each row tagged with the shard hold
 from __future__ import annotations
 
 import asyncio
-import math
 from collections import Counter
 
 import numpy as np
@@ -22,18 +21,11 @@ from pipeline.bus import Bus
 from pipeline.sockets import SocketFactory
 from storage import PER, ReplayBuffer, TensorSpec
 from storage.sharding import ShardMass, global_importance_weights, leaf_values
+from tests.test_storage_sharding import chi_square_p_value
 
 LENGTH = 8
 FILLS = [[8, 2], [3, 6, 5]]  # steps per environment of shard 0 and shard 1
 BETA = 0.5
-
-
-def chi_square_p_value(observed, expected):
-    """Upper tail of chi-square (Wilson-Hilferty)."""
-    stat = sum((o - e) ** 2 / e for o, e in zip(observed, expected, strict=True))
-    k = len(observed) - 1
-    z = ((stat / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
-    return 0.5 * math.erfc(z / math.sqrt(2))
 
 
 def shard(fills, seed):
