@@ -118,13 +118,15 @@ def replay_shards_are_partitioned(graph) -> None:
 
 @register_graph_check
 def checkpoints_hold_one_state_per_service(graph) -> None:
-    """A checkpoint holds one state per service it asks: a service served by several replicas
-    (replay shards) would be saved from whichever answered and restored into all of them."""
+    """A checkpoint holds one state per component: a service served by several replicas would
+    be saved from whichever answered and restored into all of them. Replay shards are the
+    exception: each names its own component (``replay_store.<replica>``)."""
     for name in _nodes_of(graph, "checkpointer"):
         for service in graph.configs[name].services:
             for server, spec in graph.nodes.items():
-                if service in spec.serves and spec.replicas > 1:
+                shards = spec.kind == "replay_store" and _sharded(graph, server)
+                if service in spec.serves and spec.replicas > 1 and not shards:
                     raise ConfigError(
                         f"nodes.{name}.config.services",
                         f"asks {service!r}, served by {spec.replicas} replicas of {server!r}; "
-                        f"a checkpoint holds one state per service: leave it out")
+                        f"a checkpoint holds one state per component: leave it out")

@@ -173,6 +173,11 @@ async def run(config: Config, node, ready) -> dict:
             if reason == FINAL_CHECKPOINT and not client.connections:
                 carried.append(name)  # it already finished (e.g. the learner at its budget)
                 continue
+            if len(client.connections) > 1:  # replay shards: every one, each its own file
+                replies += await asyncio.gather(*(
+                    client.submit(StateRequest(reason), config.timeout_s, endpoint)
+                    for endpoint in list(client.connections)))
+                continue
             replies.append(await client.request(StateRequest(reason), config.timeout_s))
         states = {r.message.component: r.message.state for r in replies}
         env_steps = max((r.message.env_steps for r in replies), default=0)

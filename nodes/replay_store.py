@@ -214,6 +214,12 @@ class ReplayStore:
             if getattr(getattr(bus, "topics", {}).get("experience"), "partitioned", False) else None
 
     @property
+    def component(self) -> str:
+        """Its checkpoint file's name: one per shard when it is one of several."""
+        return "replay_store" if self.shard_envs is None else \
+            f"replay_store.{self.node.info.replica}"
+
+    @property
     def storage_dir(self) -> str | None:
         if self.config.storage_dir is None:
             return None
@@ -468,7 +474,7 @@ async def run(config: Config, node, ready) -> dict:
         log.info("replay re-attached to %s: %d steps inserted", store.storage_dir,
                  store.limiter.inserted)
     else:
-        restore_from_checkpoint(store, "replay_store", node.info.resume)
+        restore_from_checkpoint(store, store.component, node.info.resume)
     experience = bus.subscriber("experience")
     priorities = bus.subscriber("priorities") if bus.subscribes("priorities") else None
     sampler = bus.server("sample")
@@ -525,7 +531,7 @@ async def run(config: Config, node, ready) -> dict:
     helpers = [asyncio.ensure_future(serve_samples()), asyncio.ensure_future(wake_on_stop())]
     if priorities is not None:
         helpers.append(asyncio.ensure_future(apply_priorities()))
-    state_task = start_state_server(bus, "replay_state", "replay_store", store)
+    state_task = start_state_server(bus, "replay_state", store.component, store)
     if state_task is not None:
         helpers.append(state_task)
     if metrics is not None:

@@ -57,9 +57,7 @@ def _check(*overrides: str) -> subprocess.CompletedProcess:
     (("topics.priorities.partitioned=false",), ["topics.priorities", "partitioned: true"]),
     (("nodes.env_runner.replicas=1",), ["nodes.replay_store.replicas", "at least one runner"]),
     (("nodes.env_runner.replicas=3",), ["num_environments", "per shard"]),
-    (("nodes.checkpointer.config.services=[learner_state,unroller_state,replay_state]",
-      "nodes.checkpointer.calls=[learner_state,unroller_state,replay_state]",
-      "nodes.replay_store.serves=[sample,replay_state]"), ["replay_state", "one state"]),
+    (("nodes.unroller.replicas=2",), ["unroller_state", "one state per component"]),
 ])
 def test_shard_mistakes_are_one_line_at_load(overrides, words):
     out = _check(*overrides)
@@ -76,23 +74,36 @@ def test_the_sharded_graph_loads():
 
 @pytest.mark.timeout(400)
 def test_kill_9_of_a_shard_leaves_the_learner_training_on_both(tmp_path):
-    """The killed shard restarts empty (sharded replay is not checkpointed); the learner's
-    requests to it fail over at once, it refills from its runner, and both shards are
-    sampled again."""
+    """Each shard checkpoints as its own component; the killed shard restarts from its own
+    state in the newest checkpoint, the learner's requests to it fail over at once, and both
+    shards are sampled again."""
+    import torch
+
     from tests.test_reliability_replay_restart import _status, _wait
 
     run = LiveRun(str(tmp_path / "run"), GRAPH, "nodes.evaluator.config.stop_at_return=null",
-                  "nodes.learner.config.num_env_steps=100000000")
+                  "nodes.learner.config.num_env_steps=100000000",
+                  "nodes.checkpointer.config.interval_s=2")
     try:
         run.wait_ready()
-        _wait(run, lambda nodes: nodes["learner.0"].get("status", {}).get("iteration", 0) > 50,
-              "the learner did not train")
+        _wait(run, lambda nodes: nodes["learner.0"].get("status", {}).get("iteration", 0) > 50
+              and nodes["checkpointer.0"].get("status", {}).get("checkpoints", 0) >= 1,
+              "the learner did not train, or no checkpoint was written")
+        root = os.path.join(run.run_dir, "checkpoints")
+        newest = os.path.join(root, sorted(d for d in os.listdir(root) if d[0] != ".")[-1])
+        assert {"replay_store.0.pt", "replay_store.1.pt"} <= set(os.listdir(newest))
+        saved = [torch.load(os.path.join(newest, f"replay_store.{i}.pt"), weights_only=True)
+                 for i in range(2)]
+        assert all(s["inserted"] > 0 for s in saved) and \
+            saved[0]["shard_envs"] != saved[1]["shard_envs"]  # each shard its own envs
         shard = _status(run, "replay_store.1")
         os.kill(shard["pid"], signal.SIGKILL)
         _wait(run, lambda nodes: nodes["replay_store.1"]["restarts"] > shard["restarts"]
-              and nodes["replay_store.1"]["status"].get("sampled", 0) > 0
+              and nodes["replay_store.1"].get("status", {}).get("sampled", 0) > 0
               and nodes["replay_store.1"]["state"] == "running",
               "the killed shard was not sampled again")
+        restored = _status(run, "replay_store.1")["status"]["inserted"]
+        assert restored >= saved[1]["inserted"], (restored, saved[1]["inserted"])
         iteration = _status(run, "learner.0")["status"]["iteration"]
         _wait(run, lambda nodes: nodes["learner.0"]["status"]["iteration"] > iteration + 100,
               "the learner did not train on after the shard's restart")
