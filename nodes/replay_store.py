@@ -212,6 +212,11 @@ class ReplayStore:
         # One shard of several (a partitioned experience topic): local env ids, masses.
         self.shard_envs = ShardEnvs(config.num_environments, self.storage_dir) \
             if getattr(getattr(bus, "topics", {}).get("experience"), "partitioned", False) else None
+        # Exactly once through restarts: the newest message of each sender that the buffer
+        # holds (checkpointed with it), and the run's ledger of what was stored (set by run()).
+        self.applied: dict[str, int] = {}
+        self.ledger = None
+        self.redelivered = 0
 
     @property
     def component(self) -> str:
@@ -285,9 +290,23 @@ class ReplayStore:
                           for k, s in spec.items()})
         self.limiter.inserted = int(self.buffer.writer.current_pos.sum())
         self.limiter.sampled = int(self.limiter.inserted * (self.limiter.spi or 0))
+        # The files hold what the ledger recorded (it is written right after each insert).
+        self.applied = dict(self.ledger.last_seq) if self.ledger is not None else {}
         if "beta" in self.controls:  # the schedule's count is not in the files: estimate it
             self.controls["beta"].sampled = self.limiter.sampled
         return True
+
+    def ingest(self, sender: str, seq: int, msg: ExperienceBatch) -> None:
+        """Store a message once. One redelivered after our restart (we stored it and died
+        before acknowledging it) is stored again only if the buffer lost it (restored from an
+        older checkpoint), and is recorded in the ledger only the first time."""
+        if seq > self.applied.get(sender, 0):
+            self.insert(msg)
+            self.applied[sender] = seq
+        else:
+            self.redelivered += 1
+        if self.ledger is not None and not self.ledger.recorded(sender, seq):
+            self.ledger.record(sender, seq, len(msg.env_ids))
 
     def insert(self, msg: ExperienceBatch) -> None:
         env_ids = np.asarray(msg.env_ids)
@@ -443,7 +462,7 @@ class ReplayStore:
                     k: {"shape": list(s.shape), "dtype": str(s.dtype).replace("torch.", "")}
                     for k, s in self.buffer.data_spec.items()},
                 "inserted": self.limiter.inserted, "sampled": self.limiter.sampled,
-                "sample_requests": self.sample_requests,
+                "sample_requests": self.sample_requests, "applied": dict(self.applied),
                 "shard_envs": self.shard_envs.state() if self.shard_envs is not None else None}
 
     def restore(self, state: dict) -> None:
@@ -454,8 +473,15 @@ class ReplayStore:
             self.buffer.load_state_dict(state["buffer"])
         self.limiter.inserted, self.limiter.sampled = state["inserted"], state["sampled"]
         self.sample_requests = int(state.get("sample_requests", 0))
+        self.applied = dict(state.get("applied") or {})
         if self.shard_envs is not None:
             self.shard_envs.restore(state.get("shard_envs"))
+
+
+def exclusive(config: Config) -> bool:
+    """A memory-mapped store's files take one writer at a time (``storage.allocator``): a swap
+    stops this store before its replacement re-attaches to them (``pipeline.kinds``)."""
+    return config.storage_dir is not None
 
 
 # What the graph entry may list (pipeline.ports): checked at load.
@@ -470,11 +496,17 @@ async def run(config: Config, node, ready) -> dict:
     bus = node.bus
     torch.set_num_threads(1)
     store = ReplayStore(config, node)
+    store.ledger = node.ledger("experience", "stored")
     if store.reattach():
         log.info("replay re-attached to %s: %d steps inserted", store.storage_dir,
                  store.limiter.inserted)
     else:
         restore_from_checkpoint(store, store.component, node.info.resume)
+    if store.ledger is not None and store.ledger.items > store.limiter.inserted:
+        # Stored after the state it restarted from, and lost with the previous process (an
+        # in-memory buffer killed): the ledger knows, the buffer cannot.
+        node.status["lost_at_restart"] = store.ledger.items - store.limiter.inserted
+    node.status["inserted"] = store.limiter.inserted  # what it came back with
     experience = bus.subscriber("experience")
     priorities = bus.subscriber("priorities") if bus.subscribes("priorities") else None
     sampler = bus.server("sample")
@@ -492,8 +524,10 @@ async def run(config: Config, node, ready) -> dict:
             envelope = await experience.recv()
             if envelope is None:
                 return
-            store.insert(envelope.message)
+            store.ingest(envelope.sender, envelope.seq, envelope.message)
             node.status["inserted"] = store.limiter.inserted
+            if store.redelivered:
+                node.status["redelivered"] = store.redelivered
             if "buffer" not in node.status:
                 node.status["buffer"] = store.describe()
             await store.serve_pending()

@@ -87,6 +87,9 @@ class Unroller:
         # Sharded replay: each runner's steps go to one replay shard, keyed by its replica.
         self.partitioned = not self.on_policy and getattr(bus.topics.get("experience"),
                                                           "partitioned", False)
+        # What this replica sent over the run, restarts included (pipeline.ledger).
+        self.ledger = None if self.on_policy else node.ledger("experience", "sent")
+        self.sent = 0
         self.version = -1
         self.epoch = -1  # of the learner whose parameters we act with
         self.env_steps = 0
@@ -149,15 +152,23 @@ class Unroller:
         if self.partitioned:
             for i, s in enumerate(steps):
                 lo, hi = bounds[i], bounds[i + 1]
-                await self.output.send(ExperienceBatch(ts.env_id[lo:hi], {
+                await self.send_experience(ExperienceBatch(ts.env_id[lo:hi], {
                     k: v[lo:hi] for k, v in rows.items()}, self.version), key=runner_replica(s))
             return
         if not self.on_policy:
-            await self.output.send(ExperienceBatch(ts.env_id, rows, self.version))
+            await self.send_experience(ExperienceBatch(ts.env_id, rows, self.version))
             return
         for i, s in enumerate(steps):
             lo, hi = bounds[i], bounds[i + 1]
             await self.collect(s.runner, {k: v[lo:hi] for k, v in rows.items()})
+
+    async def send_experience(self, batch: ExperienceBatch, key: int | None = None) -> None:
+        """Recorded before it is handed to the transport: the ledger never counts less than
+        what went out."""
+        if self.ledger is not None:
+            self.sent += 1
+            self.ledger.record(self.bus.instance, self.sent, len(batch.env_ids))
+        await self.output.send(batch, key=key)
 
     async def collect(self, runner: str, row: dict) -> None:
         rows = self.rows.setdefault(runner, [])

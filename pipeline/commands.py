@@ -163,14 +163,16 @@ class ControlCommands:
         return self.watchers[node]
 
     async def _replace(self, old: Watcher, kind, config, event: str) -> None:
+        if self._exclusive(old):
+            await self._replace_after_stop(old, kind, config, event)
+            return
         replacement = Watcher(self, old.node, old.replica, kind, config, fresh=True,
                               trial=True)
         try:
             await replacement.start()  # ready before the old one is asked to stop
         except RunFailed as exc:
             await replacement.stop("could not start")
-            verb = {"swapped": "swap", "restarted": "restart"}.get(event, event)
-            raise RunFailed(f"{verb} of {old.instance} refused, it keeps running: "
+            raise RunFailed(f"{_verb(event)} of {old.instance} refused, it keeps running: "
                             f"{exc}") from None
         watchers = self.watchers[old.node]
         watchers[watchers.index(old)] = replacement
@@ -178,7 +180,46 @@ class ControlCommands:
         await old.stop(event)
         self.publish_event(replacement, event, replacement.current.launch.incarnation)
 
+    def _exclusive(self, w: Watcher) -> bool:
+        """Whether the running incarnation holds what its replacement needs (its kind's
+        ``exclusive(config)``, e.g. a memory-mapped replay store's locked files)."""
+        spec = self.graph.nodes[w.node]
+        kind = kinds.resolve(w.kind or spec.kind)
+        if kind.exclusive is None:
+            return False
+        config = w.config or spec.config
+        return bool(kind.exclusive(configlib.build(kind.config_cls, config)
+                                   if kind.config_cls else config))
+
+    async def _replace_after_stop(self, old: Watcher, kind, config, event: str) -> None:
+        """Break before make: the old incarnation stops cleanly (acknowledges what it
+        handled, releases its files) and the replacement takes over what it left; meanwhile
+        reliable producers hold their messages and callers wait for the service. A replacement
+        that cannot start is replaced in turn by the node as it was."""
+        watchers = self.watchers[old.node]
+        index = watchers.index(old)
+        await old.stop(event)
+        replacement = Watcher(self, old.node, old.replica, kind, config, fresh=True,
+                              trial=True)
+        watchers[index] = replacement
+        replacement.restarts = old.restarts
+        try:
+            await replacement.start()
+        except RunFailed as exc:
+            await replacement.stop("could not start")
+            again = Watcher(self, old.node, old.replica, old.kind, old.config)
+            watchers[index] = again
+            again.restarts = old.restarts
+            await again.start()
+            raise RunFailed(f"{_verb(event)} of {old.instance} refused: {exc}; it was started "
+                            f"again as it was") from None
+        self.publish_event(replacement, event, replacement.current.launch.incarnation)
+
     # --- events -------------------------------------------------------------------------------
+
+
+def _verb(event: str) -> str:
+    return {"swapped": "swap", "restarted": "restart"}.get(event, event)
 
 
 def control_commands() -> set[str]:

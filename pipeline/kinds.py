@@ -12,7 +12,10 @@ A kind module defines ``async def run(config, node, ready)`` (``node`` is a
 * ``PORTS``: a :class:`pipeline.ports.Ports` (or a function of the built config returning one),
   checked against the graph entry at load and at runtime;
 * ``validate(config)``: raises :class:`pipeline.config.ConfigError` for a bad combination of
-  values, reported at load with the key's file:line (``key`` relative to the node's config).
+  values, reported at load with the key's file:line (``key`` relative to the node's config);
+* ``exclusive(config)``: True when an incarnation holds something only one process may hold at
+  a time (a memory-mapped replay store's files): a swap or restart by command then stops it
+  before its replacement starts, instead of after.
 
 Graph-wide checks (settings that must agree across nodes) are registered with
 :func:`register_graph_check`.
@@ -45,6 +48,7 @@ class Kind:
     config_cls: type | None
     ports: Any = None  # Ports, a function of the config returning Ports, or None (unchecked)
     validate: Callable | None = None
+    exclusive: Callable | None = None  # exclusive(config) -> bool; see the module docstring
 
 
 def register(name: str, module: str) -> None:
@@ -102,7 +106,8 @@ def resolve(kind: str) -> Kind:
             raise UnknownKind(f"{_KINDS[kind]} has no run(config, node, ready) function")
         source = module
     return Kind(name=kind, run=run, config_cls=getattr(source, "Config", None),
-                ports=getattr(source, "PORTS", None), validate=getattr(source, "validate", None))
+                ports=getattr(source, "PORTS", None), validate=getattr(source, "validate", None),
+                exclusive=getattr(source, "exclusive", None))
 
 
 def _import(module_name: str):

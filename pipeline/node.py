@@ -31,6 +31,7 @@ import zmq
 from pipeline import codec, kinds
 from pipeline import config as configlib
 from pipeline.bus import Bus, TopicSpec
+from pipeline.ledger import Ledger
 from pipeline.messages import (
     ControlReply,
     ControlRequest,
@@ -113,6 +114,25 @@ class NodeContext:
         # function of the command's arguments returning a dict.
         self.commands: dict = {}
         self._stopped: asyncio.Future | None = None
+        self._ledgers: list[Ledger] = []
+
+    def ledger(self, topic: str, role: str) -> Ledger | None:
+        """This replica's ledger of ``topic`` in ``role`` (``sent`` or ``stored``; see
+        :mod:`pipeline.ledger`), or None when the node runs without a run directory."""
+        if not self.info.run_dir:
+            return None
+        ledger = Ledger(self.info.run_dir, topic, self.info.instance, role)
+        self._ledgers.append(ledger)
+        return ledger
+
+    def close_ledgers(self, acknowledged: bool) -> None:
+        """At the end: with everything it published acknowledged, this incarnation's sent
+        ledgers say so (a sender without that mark ended uncleanly: see ``reconcile``)."""
+        for ledger in self._ledgers:
+            if acknowledged and ledger.path.endswith(".sent"):
+                ledger.close_sender(self.bus.instance)
+            ledger.close()
+        self._ledgers.clear()
 
     async def wait_or_stop(self, aw, timeout: float | None = None, cancel: bool = True):
         """The result of ``aw``, or None if the node is asked to stop first.
@@ -143,6 +163,7 @@ class NodeContext:
     def close(self) -> None:
         if self._stopped is not None:
             self._stopped.cancel()
+        self.close_ledgers(acknowledged=False)
 
 
 class NodeFailed(Exception):
@@ -177,9 +198,11 @@ async def run_instance(launch: Launch, sockets: SocketFactory | None = None,
                        tasks.create_task(_leave_on_stop(node))]
             try:
                 summary = await kind.run(config, node, ready)
-                if not await bus.flush(launch.grace_s):
+                flushed = await bus.flush(launch.grace_s)
+                if not flushed:
                     log.error("%s: reliable messages still unacknowledged after %.0fs",
                               launch.incarnation, launch.grace_s)
+                node.close_ledgers(acknowledged=flushed)
             finally:
                 for helper in helpers:
                     helper.cancel()

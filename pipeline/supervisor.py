@@ -30,6 +30,7 @@ from pipeline import codec, curve, launchers, wiring
 from pipeline.commands import ControlCommands, control_commands
 from pipeline.forkserver import ForkServer
 from pipeline.graph import Graph
+from pipeline.ledger import reconcile
 from pipeline.messages import (
     ControlReply,
     ControlRequest,
@@ -54,6 +55,13 @@ STOP_CONDITION = "stop condition"  # a run.stop_when node finished
 # A run that failed is stopped with this much grace per wave at most: nothing it would drain
 # or checkpoint can make it succeed, and a crash loop should end promptly.
 FAILED_GRACE_S = 2.0
+
+
+def _last_generation(directory: str) -> int:
+    """The highest incarnation number an earlier supervisor of this run directory used."""
+    numbers = [name[:-5].rpartition("~")[2] for name in os.listdir(directory)
+               if name.endswith(".json")]
+    return max((int(n) for n in numbers if n.isdigit()), default=0)
 
 
 class Supervisor(ControlCommands):
@@ -89,6 +97,9 @@ class Supervisor(ControlCommands):
         self.started_at = time.monotonic()
         os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
         os.makedirs(os.path.join(run_dir, "launch"), exist_ok=True)
+        # Incarnation names are unique in the run directory, across resumes: a consumer tells
+        # a redelivery from a new message by (sender incarnation, seq) (pipeline.ledger).
+        self.generation = _last_generation(os.path.join(run_dir, "launch"))
         self._events_failed = False
         self._checking = asyncio.Lock()
         self._checked: dict[str, str | None] = dict(checked or {})  # checkpoint -> problem
@@ -510,6 +521,7 @@ class Supervisor(ControlCommands):
         # tests to read after the run.
         summary = await self.cmd_status()
         summary["failure"] = self.failure
+        summary["ledger"] = reconcile(self.run_dir)  # exactly-once over the run: see ledger.py
         _write_json(os.path.join(self.run_dir, "summary.json"), summary)
 
     async def _start_all(self) -> None:

@@ -120,7 +120,7 @@ def test_chaos_on_sac_pendulum_reaches_its_threshold(tmp_path):
             "learner_env_steps": summary["nodes"]["learner.0"].get("status", {}).get("env_steps"),
             "replay_inserted": summary["nodes"]["replay_store.0"].get("status", {}).get("inserted"),
             "unroller_env_steps": summary["nodes"]["unroller.0"].get("status", {}).get("env_steps"),
-            "failure": summary.get("failure"),
+            "failure": summary.get("failure"), "ledger": summary.get("ledger"),
         }
         with open(os.path.join(run_dir, "chaos.json"), "w") as f:
             json.dump(figures, f, indent=1)
@@ -130,6 +130,12 @@ def test_chaos_on_sac_pendulum_reaches_its_threshold(tmp_path):
         assert figures["gaps"] == 0, figures
         assert not left, figures
         assert "Assertion failed" not in "".join(resumed.stderr_lines) + resumed.stderr
+        # Over both supervisors and every kill: nothing stored twice or missing; what killed
+        # unrollers still held is counted as lost with them, and nothing else is.
+        ledger = summary["ledger"]["experience"]
+        stored = ledger["consumers"]["replay_store"]
+        assert stored["stored_twice"] == stored["missing"] == stored["unaccounted"] == 0, ledger
+        assert ledger["produced"] == stored["stored"] + stored["lost_with_publisher"], ledger
     finally:
         run.kill()
         if resumed is not None:

@@ -109,6 +109,12 @@ def test_sigint_then_resume_continues_where_it_stopped(live, tmp_path):
     assert final["replay_store.0"]["status"]["inserted"] >= budget
     assert final["unroller.0"]["status"]["env_steps"] == final["replay_store.0"]["status"][
         "inserted"]
+    # Over both runs: two unroller incarnations (named apart across the resume), both ended
+    # cleanly, and every step they sent stored once.
+    assert final["unroller.0"]["incarnation"] != stopped["unroller.0"]["incarnation"]
+    ledger = resumed.summary()["ledger"]["experience"]
+    assert ledger["publishers"] == ledger["publishers_closed"] == 2, ledger
+    assert ledger["produced"] == ledger["consumers"]["replay_store"]["stored"], ledger
 
 
 @pytest.mark.slow

@@ -58,8 +58,17 @@ def test_kill_9_of_the_replay_store_leaves_learner_and_unroller_running(tmp_path
         for name, node in nodes.items():
             if not name.startswith("replay_store"):
                 assert node["restarts"] == 0 and node["state"] == "running", (name, node)
+        # The in-memory buffer lost what it held; its ledger did not, and says how much.
+        assert nodes["replay_store.0"]["status"].get("lost_at_restart", 0) > 0, nodes
         run.interrupt()
         assert run.finish() == 0, run.stderr
         assert "Assertion failed" not in run.stderr
+        # Over the run, with redeliveries after each kill: every step sent was stored once.
+        ledger = run.summary()["ledger"]["experience"]
+        stored = ledger["consumers"]["replay_store"]
+        assert ledger["publishers"] == ledger["publishers_closed"] == 1, ledger
+        assert stored["stored_twice"] == stored["missing"] == stored["unaccounted"] == 0, ledger
+        assert stored["lost_with_publisher"] == 0 and ledger["produced"] == stored["stored"], \
+            ledger
     finally:
         run.kill()

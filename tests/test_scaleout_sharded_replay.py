@@ -29,11 +29,15 @@ def test_two_shards_store_every_step_once_and_both_are_sampled(tmp_path):
     assert "refused" in out.stderr and "partitioned" in out.stderr, out.stderr
     assert run.finish() == 0, run.stderr
     with open(os.path.join(run.run_dir, "summary.json")) as f:
-        nodes = json.load(f)["nodes"]
+        summary = json.load(f)
+    nodes = summary["nodes"]
     produced = nodes["unroller.0"]["status"]["env_steps"]
     shards = [nodes[f"replay_store.{i}"] for i in range(2)]
     inserted = [s["status"]["inserted"] for s in shards]
     assert sum(inserted) == produced >= 6000, (inserted, produced)
+    ledger = summary["ledger"]["experience"]  # the shards' ledgers add up as one store's
+    assert ledger["produced"] == ledger["consumers"]["replay_store"]["stored"] == produced, ledger
+    assert ledger["consumers"]["replay_store"]["stored_twice"] == 0, ledger
     # Each runner's steps land in its own shard: a shard holds what its runner stepped (the
     # runner counts a step once its action came back: its last batch of 2 may be uncounted).
     steps = [nodes[f"env_runner.{i}"]["status"]["steps"] for i in range(2)]

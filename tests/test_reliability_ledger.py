@@ -1,0 +1,162 @@
+"""Run ledgers (issue 11, item 3): what the unroller sent and the replay store stored, over the
+whole run and through kill -9s, adds up in ``summary.json``: nothing stored twice, nothing
+missing from a publisher that ended cleanly, and what a killed publisher still held counted as
+lost with it. The ledger unit tests come first; then a real run of the DQN graph."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from pipeline.ledger import RECORD, Ledger, reconcile
+from tests.pipeline_harness import ROOT, LiveRun
+from tests.test_reliability_replay_restart import _status, _wait
+
+
+def test_a_restarted_consumer_recognises_what_it_recorded(tmp_path):
+    first = Ledger(str(tmp_path), "experience", "replay_store.0", "stored")
+    for seq in (1, 2, 3):
+        first.record("unroller.0~1", seq, 4)
+    first.close()  # killed: nothing else is written
+    again = Ledger(str(tmp_path), "experience", "replay_store.0", "stored")
+    assert again.items == 12 and again.last_seq == {"unroller.0~1": 3}
+    assert again.recorded("unroller.0~1", 3) and not again.recorded("unroller.0~1", 4)
+    assert not again.recorded("unroller.0~2", 1)  # another incarnation numbers from 1
+
+
+def test_a_torn_tail_is_cut_off(tmp_path):
+    ledger = Ledger(str(tmp_path), "t", "n.0", "stored")
+    ledger.record("p~1", 1, 5)
+    ledger.close()
+    with open(ledger.path, "ab") as f:
+        f.write(b"\x01\x02\x03")  # a write cut short (a full disk)
+    again = Ledger(str(tmp_path), "t", "n.0", "stored")
+    again.record("p~1", 2, 5)
+    again.close()
+    assert os.path.getsize(again.path) == 2 * RECORD.itemsize
+    assert reconcile(str(tmp_path))["t"]["consumers"]["n"]["stored"] == 10
+
+
+def _sent(tmp_path, instance: str, sender: str, items: list[int], closed: bool) -> None:
+    ledger = Ledger(str(tmp_path), "t", instance, "sent")
+    for seq, n in enumerate(items, 1):
+        ledger.record(sender, seq, n)
+    if closed:
+        ledger.close_sender(sender)
+    ledger.close()
+
+
+def _stored(tmp_path, instance: str, rows: list[tuple[str, int, int]]) -> None:
+    ledger = Ledger(str(tmp_path), "t", instance, "stored")
+    for sender, seq, n in rows:
+        ledger.record(sender, seq, n)
+    ledger.close()
+
+
+def test_reconcile_tells_missing_from_lost_with_a_killed_publisher(tmp_path):
+    _sent(tmp_path, "u.0", "u.0~1", [4, 4, 4], closed=False)  # killed holding its last message
+    _sent(tmp_path, "u.0", "u.0~2", [4, 4], closed=True)
+    _stored(tmp_path, "r.0", [("u.0~1", 1, 4), ("u.0~1", 2, 4), ("u.0~2", 1, 4)])
+    out = reconcile(str(tmp_path))["t"]
+    assert out["produced"] == 20 and out["publishers"] == 2 and out["publishers_closed"] == 1
+    assert out["consumers"]["r"] == {"stored": 12, "stored_twice": 0, "missing": 4,
+                                     "lost_with_publisher": 4, "unaccounted": 0}
+
+
+def test_reconcile_finds_a_message_stored_twice_across_shards_and_incarnations(tmp_path):
+    _sent(tmp_path, "u.0", "u.0~1", [2, 2], closed=True)
+    _stored(tmp_path, "r.0", [("u.0~1", 1, 2)])
+    _stored(tmp_path, "r.1", [("u.0~1", 1, 2), ("u.0~1", 2, 2), ("x~1", 1, 7)])
+    out = reconcile(str(tmp_path))["t"]["consumers"]["r"]
+    assert out["stored"] == 11 and out["stored_twice"] == 1 and out["missing"] == 0
+    assert out["unaccounted"] == 7  # from a sender without a sent ledger
+
+
+def test_no_ledger_directory_reconciles_to_nothing(tmp_path):
+    assert reconcile(str(tmp_path)) == {}
+    assert RECORD.itemsize == 12 and np.dtype(RECORD).names == ("sender", "seq", "items")
+
+
+@pytest.mark.timeout(400)
+def test_kill_9_of_a_memory_mapped_replay_store_and_of_the_unroller_stores_every_step_once(
+        tmp_path):
+    """The memory-mapped replay store is killed twice and the unroller once, each mid-stream.
+    Every kill of the store leaves a message it stored but had not acknowledged (acks go with
+    the next receive): redelivered, it must be recognised, or the files hold it twice. At the
+    end the files hold exactly what the ledger says was stored, and sent = stored + what the
+    killed unroller still held."""
+    run = LiveRun(str(tmp_path / "run"), os.path.join(ROOT, "graphs", "dqn_cartpole.yaml"),
+                  "nodes.evaluator.config.stop_at_return=null",
+                  "nodes.learner.config.num_env_steps=100000000",
+                  "nodes.replay_store.config.storage_dir=replay")
+    try:
+        run.wait_ready()
+        _wait(run, lambda nodes: nodes["learner.0"].get("status", {}).get("iteration", 0) > 50,
+              "the learner did not train")
+        for victim in ("replay_store.0", "unroller.0", "replay_store.0"):
+            before = _status(run, victim)
+            os.kill(before["pid"], signal.SIGKILL)
+            _wait(run, lambda nodes, v=victim, b=before: nodes[v]["restarts"] > b["restarts"]
+                  and nodes[v]["state"] == "running"
+                  and nodes[v].get("status", {}).get("env_steps" if v.startswith("unroller")
+                                                     else "inserted", 0) > 0,
+                  f"{victim} did not come back")
+            steps = _status(run, "learner.0")["status"]["iteration"]
+            _wait(run, lambda nodes, s=steps: nodes["learner.0"]["status"]["iteration"] > s + 20,
+                  f"the learner did not train after the kill of {victim}")
+        run.interrupt()
+        assert run.finish() == 0, run.stderr
+        summary = run.summary()
+    finally:
+        run.kill()
+    ledger = summary["ledger"]["experience"]
+    stored = ledger["consumers"]["replay_store"]
+    assert ledger["publishers"] == 2 and ledger["publishers_closed"] == 1, ledger
+    assert stored["stored_twice"] == 0 and stored["missing"] == 0, ledger
+    assert stored["unaccounted"] == 0, ledger
+    assert ledger["produced"] == stored["stored"] + stored["lost_with_publisher"], ledger
+    # At most what the killed unroller could hold: its topic's window of 4-step messages, and
+    # the one that waited for room.
+    assert stored["lost_with_publisher"] <= 4 * (256 + 1), ledger
+    # The files: every insert since the start is in the write positions, once.
+    assert summary["nodes"]["replay_store.0"]["status"]["inserted"] == stored["stored"], \
+        (summary["nodes"]["replay_store.0"]["status"], ledger)
+
+
+@pytest.mark.timeout(400)
+def test_swap_of_a_memory_mapped_replay_store_re_attaches_and_stores_every_step_once(tmp_path):
+    """Its files take one writer: the swap stops the running store first (break before make),
+    the replacement re-attaches to what it left and goes on counting, the learner trains on,
+    and nothing is stored twice or lost on the way (the unroller held its messages)."""
+    run = LiveRun(str(tmp_path / "run"), os.path.join(ROOT, "graphs", "dqn_cartpole.yaml"),
+                  "nodes.evaluator.config.stop_at_return=null",
+                  "nodes.learner.config.num_env_steps=100000000",
+                  "nodes.replay_store.config.storage_dir=replay")
+    try:
+        run.wait_ready()
+        _wait(run, lambda nodes: nodes["learner.0"].get("status", {}).get("iteration", 0) > 50,
+              "the learner did not train")
+        before = _status(run, "replay_store.0")
+        out = run.cli("swap", run.run_dir, "replay_store", "--set", "metrics_interval_s=0.5")
+        assert out.returncode == 0, out.stderr
+        after = _wait(run, lambda nodes: "inserted" in nodes["replay_store.0"].get("status", {}),
+                      "the new replay store did not report")["replay_store.0"]
+        assert after["incarnation"] != before["incarnation"], (before, after)
+        assert after["status"]["inserted"] >= before["status"]["inserted"], (before, after)
+        iteration = _status(run, "learner.0")["status"]["iteration"]
+        _wait(run, lambda nodes: nodes["learner.0"]["status"]["iteration"] > iteration + 100,
+              "the learner did not train after the swap")
+        run.interrupt()
+        assert run.finish() == 0, run.stderr
+        summary = run.summary()
+    finally:
+        run.kill()
+    ledger = summary["ledger"]["experience"]
+    stored = ledger["consumers"]["replay_store"]
+    assert ledger["publishers"] == ledger["publishers_closed"] == 1, ledger
+    assert stored["stored_twice"] == stored["missing"] == stored["lost_with_publisher"] == 0
+    assert ledger["produced"] == stored["stored"] == \
+        summary["nodes"]["replay_store.0"]["status"]["inserted"], (ledger, summary["nodes"])
