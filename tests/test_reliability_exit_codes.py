@@ -90,3 +90,25 @@ def test_a_crash_loop_ends_the_run_promptly(tmp_path):
     detected = max(e["t"] for e in events if e["topic"] == "supervisor.broken.exited")
     # The producer cannot drain into a group that is gone: it is not given grace_s (15 s).
     assert ended - detected < 6, ended - detected
+
+
+@pytest.mark.timeout(120)
+def test_restarts_back_off_exponentially(tmp_path):
+    """Each restart of a failing node waits backoff_s, doubling per failure in the window: a
+    node that fails at once is not relaunched in a tight loop."""
+    graph = tmp_path / "crash.yaml"
+    graph.write_text(CRASH_LOOP.replace("max_failures: 3, window_s: 60, backoff_s: 0.1",
+                                        "max_failures: 4, window_s: 60, backoff_s: 0.4"))
+    run_dir = tmp_path / "run"
+    result = subprocess.run([sys.executable, "run.py", "run", str(graph), "--run-dir",
+                             str(run_dir), "--quiet"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=100)
+    assert result.returncode == 1, result.stderr
+    with open(run_dir / "events.jsonl") as f:
+        events = [json.loads(line) for line in f]
+    exits = [e["t"] for e in events if e["topic"] == "supervisor.broken.exited"]
+    restarts = [e["t"] for e in events if e["topic"] == "supervisor.broken.restarted"]
+    assert len(exits) == 4 and len(restarts) == 3, events
+    waits = [r - e for e, r in zip(exits, restarts, strict=False)]
+    for n, wait in enumerate(waits):
+        assert wait >= 0.4 * 2 ** n * 0.95, waits  # 0.4, 0.8, 1.6 s
