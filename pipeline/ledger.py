@@ -8,8 +8,10 @@ can: it is an append-only file per node replica and role, ``RUN_DIR/ledger/<topi
 written with a single ``write`` -- which a kill -9 does not cut -- and read again by the next
 incarnation. The consumer writes its record after the message's effect and before the message
 is acknowledged, so a redelivered message is recognised (:meth:`Ledger.recorded`) and counted
-once; the producer writes before it hands the message to the transport, so what it counts as
-sent is never less than what went out. At a clean end the bus marks its senders closed once
+once (a consumer whose effect outlives it, a memory-mapped store, writes just before it applies
+the message, and on restart checks the newest record against its files: ``last_record``); the
+producer writes before it hands the message to the transport, so what it counts as sent is
+never less than what went out. At a clean end the bus marks its senders closed once
 everything they sent was acknowledged.
 
 :func:`reconcile` reads every ledger of a run directory: per topic what was produced, and per
@@ -45,6 +47,10 @@ class Ledger:
         live = records[records["seq"] != CLOSED]
         self.items = int(live["items"].sum())
         self.last_seq: dict[str, int] = {}
+        # The newest record: the one message whose effect may be in doubt after a kill, for a
+        # consumer that records before it applies (see ReplayStore.reattach).
+        self.last_record = (self.senders[live["sender"][-1]], int(live["seq"][-1]),
+                            int(live["items"][-1])) if len(live) else None
         for sender in np.unique(live["sender"]):
             self.last_seq[self.senders[sender]] = int(live["seq"][live["sender"] == sender].max())
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -65,6 +71,8 @@ class Ledger:
         if seq > self.last_seq.get(sender, 0):
             self.last_seq[sender] = seq
         self.items += items
+        if seq != CLOSED:
+            self.last_record = (sender, seq, items)
 
     def close_sender(self, sender: str) -> None:
         """Mark ``sender`` as ended with everything it sent acknowledged."""

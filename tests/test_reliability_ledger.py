@@ -160,3 +160,45 @@ def test_swap_of_a_memory_mapped_replay_store_re_attaches_and_stores_every_step_
     assert stored["stored_twice"] == stored["missing"] == stored["lost_with_publisher"] == 0
     assert ledger["produced"] == stored["stored"] == \
         summary["nodes"]["replay_store.0"]["status"]["inserted"], (ledger, summary["nodes"])
+
+
+def _message(t: int):
+    from nodes.messages import ExperienceBatch
+    from storage import StepType
+    from tests.test_replay_store_frames import experience
+
+    return ExperienceBatch(np.array([0, 1]), experience([2 * t, 2 * t + 1],
+                                                        [StepType.MID] * 2), version=0)
+
+
+def _mmap_store(tmp_path):
+    from tests.test_replay_store_frames import store_for
+
+    store = store_for(tmp_path, storage_dir="replay")
+    store.ledger = Ledger(str(tmp_path), "experience", "replay_store.0", "stored")
+    return store
+
+
+@pytest.mark.parametrize("killed_before_insert", [False, True])
+def test_a_memory_mapped_store_restarted_stores_a_redelivery_only_if_its_files_lack_it(
+        tmp_path, killed_before_insert):
+    """The ledger is written just before each insert: a store killed between the two holds one
+    message less than its ledger says, and that message's redelivery is stored (once) but not
+    recorded again; one killed after the insert skips the redelivery."""
+    store = _mmap_store(tmp_path)
+    for seq in (1, 2):
+        store.ingest("u~1", seq, _message(seq))
+    if killed_before_insert:
+        store.ledger.record("u~1", 3, 2)  # the insert of message 3 never happened
+    else:
+        store.ingest("u~1", 3, _message(3))
+    store.buffer.close()
+    store.ledger.close()
+
+    again = _mmap_store(tmp_path)
+    assert again.reattach()
+    assert again.applied == {"u~1": 2 if killed_before_insert else 3}
+    for seq in (3, 4):  # 3 is redelivered: never acknowledged
+        again.ingest("u~1", seq, _message(seq))
+    assert again.limiter.inserted == again.ledger.items == 8  # four messages of two steps, once
+    assert again.redelivered == (0 if killed_before_insert else 1)
