@@ -495,9 +495,38 @@ class ReplayStore:
 
 
 def exclusive(config: Config) -> bool:
-    """A memory-mapped store's files take one writer at a time (``storage.allocator``): a swap
-    stops this store before its replacement re-attaches to them (``pipeline.kinds``)."""
-    return config.storage_dir is not None
+    """Its replacement takes over what it holds: a memory-mapped store's files (one writer at a
+    time, ``storage.allocator``), or an in-memory store's contents, left in a file when it is
+    stopped for a replacement. So a swap or restart stops it first (``pipeline.kinds``)."""
+    return True
+
+
+def _handover_path(node) -> str:
+    return os.path.join(node.info.run_dir, "state", f"{node.info.instance}.handover.pt")
+
+
+def leave_handover(store: ReplayStore, node) -> None:
+    """An in-memory store stopped for a replacement writes its whole state for it: written
+    to a temporary file, synced, then renamed, so the replacement finds all of it or none."""
+    path = _handover_path(node)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "wb") as f:
+        torch.save(store.state(), f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+    log.info("left %d steps for the replacement in %s", store.limiter.inserted, path)
+
+
+def take_handover(store: ReplayStore, node) -> bool:
+    """Restore what a replaced predecessor left (newer than any checkpoint); False if none."""
+    if not node.info.run_dir or not os.path.exists(_handover_path(node)):
+        return False
+    path = _handover_path(node)
+    store.restore(torch.load(path, weights_only=True))
+    os.remove(path)  # taken: a later restart comes back from a checkpoint again
+    log.info("took over %d steps from the replaced store", store.limiter.inserted)
+    return True
 
 
 # What the graph entry may list (pipeline.ports): checked at load.
@@ -516,7 +545,7 @@ async def run(config: Config, node, ready) -> dict:
     if store.reattach():
         log.info("replay re-attached to %s: %d steps inserted", store.storage_dir,
                  store.limiter.inserted)
-    else:
+    elif not take_handover(store, node):
         restore_from_checkpoint(store, store.component, node.info.resume)
     if store.ledger is not None and store.ledger.items > store.limiter.inserted:
         # Stored after the state it restarted from, and lost with the previous process (an
@@ -595,6 +624,9 @@ async def run(config: Config, node, ready) -> dict:
             done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 task.result()
+        if node.replaced and store.storage_dir is None and store.buffer is not None \
+                and node.info.run_dir:
+            leave_handover(store, node)
     finally:
         for task in [main, *helpers]:
             task.cancel()

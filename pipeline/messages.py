@@ -138,6 +138,11 @@ class Stop(Message):
     reason: str
 
 
+# The reasons of a Stop that a replacement follows (``run.py swap``, ``run.py restart``): the
+# stopped incarnation may leave its state for it (``NodeContext.replaced``).
+REPLACED = ("swapped", "restarted")
+
+
 # --- control endpoint (run.py <-> supervisor) -------------------------------------------------
 
 

@@ -33,6 +33,7 @@ from pipeline import config as configlib
 from pipeline.bus import Bus, TopicSpec
 from pipeline.ledger import Ledger
 from pipeline.messages import (
+    REPLACED,
     ControlReply,
     ControlRequest,
     Failure,
@@ -114,7 +115,14 @@ class NodeContext:
         # function of the command's arguments returning a dict.
         self.commands: dict = {}
         self._stopped: asyncio.Future | None = None
+        self.stop_reason: str | None = None  # the supervisor's, with its Stop
         self._ledgers: list[Ledger] = []
+
+    @property
+    def replaced(self) -> bool:
+        """Stopped to make room for a replacement (a swap or a restart by command), which
+        may take over what this incarnation leaves."""
+        return self.stop_reason in REPLACED
 
     def ledger(self, topic: str, role: str) -> Ledger | None:
         """This replica's ledger of ``topic`` in ``role`` (``sent`` or ``stored``; see
@@ -303,6 +311,7 @@ class _Control:
             self.bus.set_peers(msg.topics, msg.services, msg.gone)
         elif isinstance(msg, Stop):
             log.info("%s: stop requested (%s)", self.launch.incarnation, msg.reason)
+            self.node.stop_reason = msg.reason
             self.node.stopping.set()
         elif isinstance(msg, ControlRequest):
             asyncio.ensure_future(self._command(msg))

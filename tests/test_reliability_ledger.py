@@ -127,14 +127,17 @@ def test_kill_9_of_a_memory_mapped_replay_store_and_of_the_unroller_stores_every
 
 
 @pytest.mark.timeout(400)
-def test_swap_of_a_memory_mapped_replay_store_re_attaches_and_stores_every_step_once(tmp_path):
-    """Its files take one writer: the swap stops the running store first (break before make),
-    the replacement re-attaches to what it left and goes on counting, the learner trains on,
-    and nothing is stored twice or lost on the way (the unroller held its messages)."""
+@pytest.mark.parametrize("storage_dir", ["replay", "null"])
+def test_swap_of_a_replay_store_hands_its_contents_over_and_stores_every_step_once(
+        tmp_path, storage_dir):
+    """The swap stops the running store first (break before make): a memory-mapped one's
+    replacement re-attaches to its files (one writer at a time), an in-memory one's takes the
+    state it left in a file. Either goes on counting from there, the learner trains on, and
+    nothing is stored twice or lost on the way (the unroller held its messages)."""
     run = LiveRun(str(tmp_path / "run"), os.path.join(ROOT, "graphs", "dqn_cartpole.yaml"),
                   "nodes.evaluator.config.stop_at_return=null",
                   "nodes.learner.config.num_env_steps=100000000",
-                  "nodes.replay_store.config.storage_dir=replay")
+                  f"nodes.replay_store.config.storage_dir={storage_dir}")
     try:
         run.wait_ready()
         _wait(run, lambda nodes: nodes["learner.0"].get("status", {}).get("iteration", 0) > 50,
@@ -146,6 +149,7 @@ def test_swap_of_a_memory_mapped_replay_store_re_attaches_and_stores_every_step_
                       "the new replay store did not report")["replay_store.0"]
         assert after["incarnation"] != before["incarnation"], (before, after)
         assert after["status"]["inserted"] >= before["status"]["inserted"], (before, after)
+        assert "lost_at_restart" not in after["status"], after
         iteration = _status(run, "learner.0")["status"]["iteration"]
         _wait(run, lambda nodes: nodes["learner.0"]["status"]["iteration"] > iteration + 100,
               "the learner did not train after the swap")
