@@ -191,28 +191,42 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=10.0)
     parser.add_argument("--act-threads", type=int, default=1,
                         help="torch threads of the single-process act loop")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="measure all four this many times, interleaved, and report each "
+                             "figure's and ratio's median (a shared machine's load moves "
+                             "single runs by 10-20%%)")
     args = parser.parse_args()
     total = args.runners * args.envs_per_runner
-    graph, wait_share = graph_rate(args.env, args.runners, args.envs_per_runner,
-                                   args.env_groups, args.seconds, args.warmup)
-    envs = env_limit(args.env, total, args.seconds)
-    infer = inference_limit(args.env, total, args.seconds)
-    loop = act_loop(args.env, total, args.seconds, args.act_threads)
-    limit = min(envs, infer)
+    rounds = []
+    for r in range(args.repeat):
+        graph, wait_share = graph_rate(args.env, args.runners, args.envs_per_runner,
+                                       args.env_groups, args.seconds, args.warmup)
+        envs = env_limit(args.env, total, args.seconds)
+        infer = inference_limit(args.env, total, args.seconds)
+        loop = act_loop(args.env, total, args.seconds, args.act_threads)
+        rounds.append((graph, envs, infer, loop, wait_share, graph / loop,
+                       graph / min(envs, infer)))
+        if args.repeat > 1:
+            print(f"round {r + 1}: graph {graph:.0f}, env limit {envs:.0f}, inference limit "
+                  f"{infer:.0f}, act loop {loop:.0f}: {graph / loop:.2f} of the act loop, "
+                  f"{graph / min(envs, infer):.2f} of the lower limit", flush=True)
+    graph, envs, infer, loop, wait_share, vs_loop, vs_limit = (
+        float(np.median(column)) for column in zip(*rounds, strict=True))
     rows = [("graph", graph), ("env limit (1 process, random actions)", envs),
             ("inference limit (1 thread)", infer), ("act loop (1 process)", loop)]
     for name, rate in rows:
         print(f"{name:<40}{rate:>10.0f} env steps/s")
-    print(f"graph / act loop {graph / loop:.2f} (target 1.3); graph / min(limits) "
-          f"{graph / limit:.2f} (target 0.7); runner wait share {wait_share:.2f}")
+    print(f"graph / act loop {vs_loop:.2f} (target 1.3); graph / min(limits) "
+          f"{vs_limit:.2f} (target 0.7); runner wait share {wait_share:.2f}"
+          + (f" (medians of {args.repeat} rounds)" if args.repeat > 1 else ""))
     print(json.dumps({"bench": "pixel_throughput", "env": args.env, "runners": args.runners,
                       "envs_per_runner": args.envs_per_runner, "env_groups": args.env_groups,
                       "cpus": os.cpu_count(), "graph": round(graph, 1),
                       "env_limit": round(envs, 1), "inference_limit": round(infer, 1),
                       "act_loop": round(loop, 1), "act_threads": args.act_threads,
-                      "graph_vs_act_loop": round(graph / loop, 3),
-                      "graph_vs_limit": round(graph / limit, 3),
-                      "runner_wait_share": round(wait_share, 3)}))
+                      "graph_vs_act_loop": round(vs_loop, 3),
+                      "graph_vs_limit": round(vs_limit, 3),
+                      "runner_wait_share": round(wait_share, 3), "rounds": args.repeat}))
 
 
 if __name__ == "__main__":
