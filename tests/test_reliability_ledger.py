@@ -80,6 +80,22 @@ def test_no_ledger_directory_reconciles_to_nothing(tmp_path):
     assert RECORD.itemsize == 12 and np.dtype(RECORD).names == ("sender", "seq", "items")
 
 
+def _training_run(tmp_path, storage_dir: str) -> LiveRun:
+    """The DQN CartPole graph with no stop condition, once its learner has trained."""
+    run = LiveRun(str(tmp_path / "run"), os.path.join(ROOT, "graphs", "dqn_cartpole.yaml"),
+                  "nodes.evaluator.config.stop_at_return=null",
+                  "nodes.learner.config.num_env_steps=100000000",
+                  f"nodes.replay_store.config.storage_dir={storage_dir}")
+    try:
+        run.wait_ready()
+        _wait(run, lambda nodes: nodes["learner.0"].get("status", {}).get("iteration", 0) > 50,
+              "the learner did not train")
+    except BaseException:
+        run.kill()
+        raise
+    return run
+
+
 @pytest.mark.timeout(400)
 def test_kill_9_of_a_memory_mapped_replay_store_and_of_the_unroller_stores_every_step_once(
         tmp_path):
@@ -88,14 +104,8 @@ def test_kill_9_of_a_memory_mapped_replay_store_and_of_the_unroller_stores_every
     the next receive): redelivered, it must be recognised, or the files hold it twice. At the
     end the files hold exactly what the ledger says was stored, and sent = stored + what the
     killed unroller still held."""
-    run = LiveRun(str(tmp_path / "run"), os.path.join(ROOT, "graphs", "dqn_cartpole.yaml"),
-                  "nodes.evaluator.config.stop_at_return=null",
-                  "nodes.learner.config.num_env_steps=100000000",
-                  "nodes.replay_store.config.storage_dir=replay")
+    run = _training_run(tmp_path, "replay")
     try:
-        run.wait_ready()
-        _wait(run, lambda nodes: nodes["learner.0"].get("status", {}).get("iteration", 0) > 50,
-              "the learner did not train")
         for victim in ("replay_store.0", "unroller.0", "replay_store.0"):
             before = _status(run, victim)
             os.kill(before["pid"], signal.SIGKILL)
@@ -135,14 +145,8 @@ def test_swap_of_a_replay_store_hands_its_contents_over_and_stores_every_step_on
     replacement re-attaches to its files (one writer at a time), an in-memory one's takes the
     state it left in a file. Either goes on counting from there, the learner trains on, and
     nothing is stored twice or lost on the way (the unroller held its messages)."""
-    run = LiveRun(str(tmp_path / "run"), os.path.join(ROOT, "graphs", "dqn_cartpole.yaml"),
-                  "nodes.evaluator.config.stop_at_return=null",
-                  "nodes.learner.config.num_env_steps=100000000",
-                  f"nodes.replay_store.config.storage_dir={storage_dir}")
+    run = _training_run(tmp_path, storage_dir)
     try:
-        run.wait_ready()
-        _wait(run, lambda nodes: nodes["learner.0"].get("status", {}).get("iteration", 0) > 50,
-              "the learner did not train")
         before = _status(run, "replay_store.0")
         out = run.cli("swap", run.run_dir, "replay_store", "--set", "metrics_interval_s=0.5")
         assert out.returncode == 0, out.stderr
