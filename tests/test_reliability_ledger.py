@@ -96,6 +96,18 @@ def _training_run(tmp_path, storage_dir: str) -> LiveRun:
     return run
 
 
+def _stop(run: LiveRun) -> tuple[dict, dict, dict]:
+    """Stop the run cleanly; its summary, experience ledger and the replay store's part."""
+    try:
+        run.interrupt()
+        assert run.finish() == 0, run.stderr
+        summary = run.summary()
+    finally:
+        run.kill()
+    ledger = summary["ledger"]["experience"]
+    return summary, ledger, ledger["consumers"]["replay_store"]
+
+
 @pytest.mark.timeout(400)
 def test_kill_9_of_a_memory_mapped_replay_store_and_of_the_unroller_stores_every_step_once(
         tmp_path):
@@ -117,13 +129,10 @@ def test_kill_9_of_a_memory_mapped_replay_store_and_of_the_unroller_stores_every
             steps = _status(run, "learner.0")["status"]["iteration"]
             _wait(run, lambda nodes, s=steps: nodes["learner.0"]["status"]["iteration"] > s + 20,
                   f"the learner did not train after the kill of {victim}")
-        run.interrupt()
-        assert run.finish() == 0, run.stderr
-        summary = run.summary()
-    finally:
+    except BaseException:
         run.kill()
-    ledger = summary["ledger"]["experience"]
-    stored = ledger["consumers"]["replay_store"]
+        raise
+    summary, ledger, stored = _stop(run)
     assert ledger["publishers"] == 2 and ledger["publishers_closed"] == 1, ledger
     assert stored["stored_twice"] == 0 and stored["missing"] == 0, ledger
     assert stored["unaccounted"] == 0, ledger
@@ -158,13 +167,10 @@ def test_swap_of_a_replay_store_hands_its_contents_over_and_stores_every_step_on
         iteration = _status(run, "learner.0")["status"]["iteration"]
         _wait(run, lambda nodes: nodes["learner.0"]["status"]["iteration"] > iteration + 100,
               "the learner did not train after the swap")
-        run.interrupt()
-        assert run.finish() == 0, run.stderr
-        summary = run.summary()
-    finally:
+    except BaseException:
         run.kill()
-    ledger = summary["ledger"]["experience"]
-    stored = ledger["consumers"]["replay_store"]
+        raise
+    summary, ledger, stored = _stop(run)
     assert ledger["publishers"] == ledger["publishers_closed"] == 1, ledger
     assert stored["stored_twice"] == stored["missing"] == stored["lost_with_publisher"] == 0
     assert ledger["produced"] == stored["stored"] == \
