@@ -38,6 +38,12 @@ import torch
 
 from nodes._common import resolve_device, restore_from_checkpoint, start_state_server
 from nodes._rate_limiter import RateLimiter
+from nodes._replay_continuity import (
+    applied_in_files,
+    leave_handover,
+    lost_at_restart,
+    take_handover,
+)
 from nodes._replay_shard import ShardEnvs, sample_mass
 from nodes.messages import (
     ExperienceBatch,
@@ -290,26 +296,10 @@ class ReplayStore:
                           for k, s in spec.items()})
         self.limiter.inserted = int(self.buffer.writer.current_pos.sum())
         self.limiter.sampled = int(self.limiter.inserted * (self.limiter.spi or 0))
-        self.applied = self.applied_in_files()
+        self.applied = applied_in_files(self.ledger, self.limiter.inserted)
         if "beta" in self.controls:  # the schedule's count is not in the files: estimate it
             self.controls["beta"].sampled = self.limiter.sampled
         return True
-
-    def applied_in_files(self) -> dict[str, int]:
-        """The newest message per sender that the memory-mapped files hold. The ledger is
-        written just before each insert, so only its newest record can be missing from the
-        files (killed between the two): then the files hold one message less than it says."""
-        if self.ledger is None:
-            return {}
-        applied = dict(self.ledger.last_seq)
-        short = self.ledger.items - self.limiter.inserted
-        last = self.ledger.last_record
-        if short and last is not None and short == last[2]:
-            applied[last[0]] = last[1] - 1  # its redelivery is stored, not recorded again
-        elif short:
-            log.warning("replay files hold %d steps, the ledger %d: a redelivery may be stored "
-                        "twice", self.limiter.inserted, self.ledger.items)
-        return applied
 
     def ingest(self, sender: str, seq: int, msg: ExperienceBatch) -> None:
         """Store a message once. One redelivered after our restart (we stored it and died
@@ -501,34 +491,6 @@ def exclusive(config: Config) -> bool:
     return True
 
 
-def _handover_path(node) -> str:
-    return os.path.join(node.info.run_dir, "state", f"{node.info.instance}.handover.pt")
-
-
-def leave_handover(store: ReplayStore, node) -> None:
-    """An in-memory store stopped for a replacement writes its whole state for it: written
-    to a temporary file, synced, then renamed, so the replacement finds all of it or none."""
-    path = _handover_path(node)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "wb") as f:
-        torch.save(store.state(), f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
-    log.info("left %d steps for the replacement in %s", store.limiter.inserted, path)
-
-
-def take_handover(store: ReplayStore, node) -> bool:
-    """Restore what a replaced predecessor left (newer than any checkpoint); False if none."""
-    if not node.info.run_dir or not os.path.exists(_handover_path(node)):
-        return False
-    path = _handover_path(node)
-    store.restore(torch.load(path, weights_only=True))
-    os.remove(path)  # taken: a later restart comes back from a checkpoint again
-    log.info("took over %d steps from the replaced store", store.limiter.inserted)
-    return True
-
-
 # What the graph entry may list (pipeline.ports): checked at load.
 PORTS = Ports(subscribes={"experience": Port(ExperienceBatch),
                           "priorities": Port(Priorities, required=False)},
@@ -547,10 +509,9 @@ async def run(config: Config, node, ready) -> dict:
                  store.limiter.inserted)
     elif not take_handover(store, node):
         restore_from_checkpoint(store, store.component, node.info.resume)
-    if store.ledger is not None and store.ledger.items > store.limiter.inserted:
-        # Stored after the state it restarted from, and lost with the previous process (an
-        # in-memory buffer killed): the ledger knows, the buffer cannot.
-        node.status["lost_at_restart"] = store.ledger.items - store.limiter.inserted
+    lost = lost_at_restart(store.ledger, store.limiter.inserted)
+    if lost:
+        node.status["lost_at_restart"] = lost
     node.status["inserted"] = store.limiter.inserted  # what it came back with
     experience = bus.subscriber("experience")
     priorities = bus.subscriber("priorities") if bus.subscribes("priorities") else None

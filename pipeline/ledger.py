@@ -119,24 +119,25 @@ def reconcile(run_dir: str) -> dict:
             if role not in ROLES:
                 continue
             senders, records = _read(os.path.join(directory, file))
-            ids = np.array([names.setdefault(s, len(names)) for s in senders], np.int64)
-            sender_of = ids[records["sender"]] if len(ids) else np.zeros(0, np.int64)
             if role == "sent":
-                for name, i in zip(senders, range(len(senders)), strict=True):
+                for i, name in enumerate(senders):
                     mine = records[records["sender"] == i]
                     sent[name] = sent.get(name, 0) + int(mine["items"].sum())
                     if np.any(mine["seq"] == CLOSED):
                         closed.add(name)
-            else:
-                node = instance.rpartition(".")[0] or instance
-                live = records["seq"] != CLOSED
-                stored.setdefault(node, []).append(np.stack(
-                    [sender_of[live], records["seq"][live].astype(np.int64),
-                     records["items"][live].astype(np.int64)], axis=1))
+                continue
+            # Sender names numbered across the run's files, so rows of shards and
+            # incarnations compare.
+            ids = np.array([names.setdefault(s, len(names)) for s in senders], np.int64)
+            live = records[records["seq"] != CLOSED]
+            node = instance.rpartition(".")[0] or instance
+            stored.setdefault(node, []).append(np.stack(
+                [ids[live["sender"]] if len(ids) else np.zeros(0, np.int64),
+                 live["seq"].astype(np.int64), live["items"].astype(np.int64)], axis=1))
         name_of = {i: name for name, i in names.items()}
         nodes = {}
         for node, parts in stored.items():
-            rows = np.concatenate(parts) if parts else np.zeros((0, 3), np.int64)
+            rows = np.concatenate(parts)
             keys = rows[:, 0] << 32 | rows[:, 1]
             _, first, counts = np.unique(keys, return_index=True, return_counts=True)
             once = rows[first]

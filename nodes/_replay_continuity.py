@@ -1,0 +1,72 @@
+"""How a replay store goes on across its incarnations without storing a message twice.
+
+A store comes back in one of three ways: it re-attaches to its memory-mapped files, it takes
+the state a predecessor stopped for a swap or restart left for it (``take_handover``), or it
+restores the newest checkpoint. It then knows, per sender, the newest message its buffer holds
+(``ReplayStore.applied``), and a redelivered message (stored and not yet acknowledged when the
+previous incarnation died) is stored again only if the buffer lacks it. The run ledger
+(``pipeline.ledger``) is written just before each insert and counts each message once; what
+it recorded beyond what the buffer came back with was lost with the previous process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def applied_in_files(ledger, inserted: int) -> dict[str, int]:
+    """The newest message per sender that memory-mapped files holding ``inserted`` steps hold.
+    The ledger is written just before each insert, so only its newest record can be missing
+    from the files (killed between the two): then they hold one message less than it says."""
+    if ledger is None:
+        return {}
+    applied = dict(ledger.last_seq)
+    short = ledger.items - inserted
+    last = ledger.last_record
+    if short and last is not None and short == last[2]:
+        applied[last[0]] = last[1] - 1  # its redelivery is stored, not recorded again
+    elif short:
+        log.warning("replay files hold %d steps, the ledger %d: a redelivery may be stored "
+                    "twice", inserted, ledger.items)
+    return applied
+
+
+def lost_at_restart(ledger, inserted: int) -> int:
+    """Steps stored after the state the store came back with, lost with the previous process
+    (an in-memory buffer killed): the ledger knows, the buffer cannot."""
+    return max(0, ledger.items - inserted) if ledger is not None else 0
+
+
+def _handover_path(node) -> str:
+    return os.path.join(node.info.run_dir, "state", f"{node.info.instance}.handover.pt")
+
+
+def leave_handover(store, node) -> None:
+    """An in-memory store stopped for a replacement writes its whole state for it: written
+    to a temporary file, synced, then renamed, so the replacement finds all of it or none."""
+    path = _handover_path(node)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "wb") as f:
+        torch.save(store.state(), f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+    log.info("left %d steps for the replacement in %s", store.limiter.inserted, path)
+
+
+def take_handover(store, node) -> bool:
+    """Restore what a replaced predecessor left (newer than any checkpoint); False if none."""
+    if not node.info.run_dir:
+        return False
+    path = _handover_path(node)
+    if not os.path.exists(path):
+        return False
+    store.restore(torch.load(path, weights_only=True))
+    os.remove(path)  # taken: a later restart comes back from a checkpoint again
+    log.info("took over %d steps from the replaced store", store.limiter.inserted)
+    return True
