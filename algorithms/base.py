@@ -26,7 +26,15 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from algorithms.data import AlgStep, Experience, LossInfo, TimeStep, TrainResult, to_tensor
+from algorithms.data import (
+    AlgStep,
+    Experience,
+    LazyMetrics,
+    LossInfo,
+    TimeStep,
+    TrainResult,
+    to_tensor,
+)
 from algorithms.data_transformer import SequentialDataTransformer, from_configs
 from algorithms.losses import importance_weighted_mean
 from algorithms.optim import FusedAdam
@@ -245,7 +253,8 @@ class RLAlgorithm(nn.Module):
         loss_info = self.calc_loss(info)
         total = self._apply_gradient(loss_info, w)
         self.after_update(info)
-        metrics = _scalars({"loss/total": total, **loss_info.extra})
+        extra = loss_info.extra
+        metrics = LazyMetrics(lambda: _scalars({"loss/total": total, **extra}))
         prio = loss_info.priority
         return TrainResult(metrics, prio.detach().cpu() if isinstance(prio, torch.Tensor) else None)
 

@@ -21,6 +21,7 @@ observation. No multi-step target crosses ``LAST -> FIRST``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -107,14 +108,43 @@ def make_experience(time_step: TimeStep, alg_step: AlgStep) -> Experience:
     return Experience(*time_step, action=alg_step.output, rollout_info=dict(alg_step.info or {}))
 
 
+class LazyMetrics(Mapping):
+    """Scalar metrics computed from an update's tensors when first read.
+
+    Why: a learner reads them every few seconds and updates hundreds of times a second; reading
+    them back (means, a stack, a host copy) on every update was ~5% of a small DQN update."""
+
+    def __init__(self, compute: Callable[[], dict[str, float]]):
+        self._compute: Callable[[], dict[str, float]] | None = compute
+        self._values: dict[str, float] = {}
+
+    def _get(self) -> dict[str, float]:
+        if self._compute is not None:
+            self._values, self._compute = self._compute(), None
+        return self._values
+
+    def __getitem__(self, key: str) -> float:
+        return self._get()[key]
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __repr__(self) -> str:
+        return repr(self._get())
+
+
 class TrainResult(NamedTuple):
     """What ``train_on`` returns to the learner.
 
-    metrics: scalar metrics, names namespaced (``loss/td``, ``alpha``, ...).
+    metrics: scalar metrics, names namespaced (``loss/td``, ``alpha``, ...); a mapping that
+        may compute them when first read (:class:`LazyMetrics`).
     priorities: per-sample priorities ``[B]`` (CPU tensor) for the replay buffer, or None.
     """
 
-    metrics: dict[str, float]
+    metrics: Mapping[str, float]
     priorities: torch.Tensor | None = None
 
 

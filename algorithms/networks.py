@@ -132,7 +132,13 @@ class ParallelMLP(nn.Module):
         for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
             if detach_params:
                 w, b = w.detach(), b.detach()
-            h = torch.baddbmm(b, h, w)
+            if w.shape[-1] == 1:
+                # A one-unit layer (a critic's head) as multiply-and-sum: a batched matmul with
+                # one output column takes MKL's slow path (~160 µs forward and the same for
+                # each gradient at [2, 256, 256], against ~25 µs this way).
+                h = torch.add(b, (h * w.transpose(1, 2)).sum(-1, keepdim=True))
+            else:
+                h = torch.baddbmm(b, h, w)
             if i < n - 1:
                 h = self.act(h)
         return h.transpose(0, 1)

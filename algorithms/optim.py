@@ -55,6 +55,7 @@ class FusedAdam:
                 "foreach": None, "capturable": False, "differentiable": False, "fused": True,
                 "decoupled_weight_decay": False})
         self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
+        self._cache: tuple | None = None  # see _buckets
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for group in self.param_groups:
@@ -77,21 +78,55 @@ class FusedAdam:
 
     @torch.no_grad()
     def step(self) -> None:
-        buckets: dict[tuple, list[torch.Tensor]] = {}
-        for group in self.param_groups:
-            key = (group["lr"], group["betas"], group["weight_decay"], group["eps"])
-            for p in group["params"]:
-                if p.grad is not None:
-                    buckets.setdefault((p.device, p.dtype, key), []).append(p)
-        for (_, _, (lr, (beta1, beta2), weight_decay, eps)), params in buckets.items():
-            states = [self._state(p) for p in params]
-            steps = [s["step"] for s in states]
+        for bucket in self._buckets():
+            params, (lr, (beta1, beta2), weight_decay, eps) = bucket[0], bucket[1]
+            grads = [p.grad for p in params]
+            if not all(g is not None for g in grads):  # only those with a gradient step
+                self._step_some(params, lr, beta1, beta2, weight_decay, eps)
+                continue
+            if bucket[2] is None:
+                states = [self._state(p) for p in params]
+                bucket[2] = ([s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+                             [s["step"] for s in states])
+            exp_avgs, exp_avg_sqs, steps = bucket[2]
             torch._foreach_add_(steps, 1)
             torch._fused_adam_(
-                params, [p.grad for p in params], [s["exp_avg"] for s in states],
-                [s["exp_avg_sq"] for s in states], [], steps, lr=lr, beta1=beta1,
+                params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=lr, beta1=beta1,
                 beta2=beta2, weight_decay=weight_decay, eps=eps,
                 amsgrad=False, maximize=False, grad_scale=None, found_inf=None)
+
+    def _buckets(self) -> list:
+        """``[params, hyperparameters, state lists or None]`` per bucket of parameters that
+        share device, dtype and hyperparameters. Built once, and again when a group's
+        hyperparameters change (a learning-rate schedule) or its state is loaded: grouping
+        the parameters and looking up their state on every update was per-parameter Python
+        on the critical path (13 parameters for SAC)."""
+        key = tuple((g["lr"], g["betas"], g["weight_decay"], g["eps"], len(g["params"]))
+                    for g in self.param_groups)
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
+        grouped: dict[tuple, list[torch.Tensor]] = {}
+        for group in self.param_groups:
+            hyper = (group["lr"], group["betas"], group["weight_decay"], group["eps"])
+            for p in group["params"]:
+                grouped.setdefault((p.device, p.dtype, hyper), []).append(p)
+        buckets = [[params, hyper, None] for (_, _, hyper), params in grouped.items()]
+        self._cache = (key, buckets)
+        return buckets
+
+    def _step_some(self, params, lr, beta1, beta2, weight_decay, eps) -> None:
+        """One step of the parameters that have a gradient (the others keep their state)."""
+        params = [p for p in params if p.grad is not None]
+        if not params:
+            return
+        states = [self._state(p) for p in params]
+        steps = [s["step"] for s in states]
+        torch._foreach_add_(steps, 1)
+        torch._fused_adam_(
+            params, [p.grad for p in params], [s["exp_avg"] for s in states],
+            [s["exp_avg_sq"] for s in states], [], steps, lr=lr, beta1=beta1,
+            beta2=beta2, weight_decay=weight_decay, eps=eps,
+            amsgrad=False, maximize=False, grad_scale=None, found_inf=None)
 
     def _group(self, group: int | None) -> dict:
         if group is None:
@@ -122,6 +157,7 @@ class FusedAdam:
                 g[key] = tuple(saved[key]) if key == "betas" else saved[key]
         for p in params:
             self.state.pop(p, None)
+        self._cache = None  # its lists hold the replaced state tensors
         by_id = dict(zip(saved["params"], params, strict=True))
         for key, s in state_dict["state"].items():
             p = by_id[int(key)]
@@ -129,3 +165,4 @@ class FusedAdam:
                 "step": torch.as_tensor(s["step"], dtype=torch.float32).to(p.device).clone(),
                 "exp_avg": s["exp_avg"].to(p.device, p.dtype).clone(),
                 "exp_avg_sq": s["exp_avg_sq"].to(p.device, p.dtype).clone()}
+

@@ -1,5 +1,6 @@
 """The contract the pipeline nodes rely on, for every registered algorithm."""
 
+import copy
 import io
 
 import gymnasium as gym
@@ -96,6 +97,22 @@ def test_train_on_returns_metrics_and_priorities(name, obs_space, act_space):
         assert result.priorities.shape == (4,) and (result.priorities >= 0).all()
     changed = [k for k, v in alg.state_dict().items() if not torch.equal(v, before[k])]
     assert changed, "no parameter changed"
+
+
+@pytest.mark.parametrize("name,obs_space,act_space", CASES, ids=IDS)
+def test_metrics_read_later_are_those_of_their_update(name, obs_space, act_space):
+    """Metrics are computed when first read: reading them after more updates must still give
+    that update's values (nothing they are computed from changed in place since)."""
+    alg = algorithms.make(name, obs_space, act_space, **SMALL[name])
+    batch = _batch(alg, obs_space, act_space)
+    twin = copy.deepcopy(alg)
+    torch.manual_seed(5)
+    eager = dict(alg.train_on(batch).metrics)
+    torch.manual_seed(5)
+    late = twin.train_on(batch)
+    for _ in range(3):
+        twin.train_on(batch)
+    assert dict(late.metrics) == eager
 
 
 @pytest.mark.parametrize("name,obs_space,act_space", CASES, ids=IDS)

@@ -87,3 +87,32 @@ def test_squashed_normal_sample_and_log_prob_in_one_pass():
     torch.testing.assert_close(lp1, lp2, rtol=1e-5, atol=1e-5)
     for x, y in zip(g1, g2, strict=True):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+
+
+def test_parallel_critic_equals_one_mlp_per_replica_with_gradients():
+    """The one-unit head runs as multiply-and-sum, not a batched matmul: same values and
+    gradients as each replica's own ``x @ W + b`` layers."""
+    torch.manual_seed(0)
+    par = ParallelCriticNetwork(OBS, BOX, (16, 8), num_replicas=2)
+    x, a = torch.randn(5, 3), torch.randn(5, 2)
+    out = par(x, a)
+    mlp = par.mlp
+    for r in range(2):
+        h = torch.cat([x, a], -1)
+        for i, (w, b) in enumerate(zip(mlp.weights, mlp.biases, strict=True)):
+            h = h @ w[r] + b[r, 0]
+            if i < len(mlp.weights) - 1:
+                h = torch.relu(h)
+        torch.testing.assert_close(out[:, r], h[:, 0])
+    out.sum().backward()
+    grads = [p.grad.clone() for p in par.parameters()]
+    par.zero_grad()
+    for r in range(2):  # the same loss, replica by replica, through plain matmuls
+        h = torch.cat([x, a], -1)
+        for i, (w, b) in enumerate(zip(mlp.weights, mlp.biases, strict=True)):
+            h = h @ w[r] + b[r, 0]
+            if i < len(mlp.weights) - 1:
+                h = torch.relu(h)
+        h.sum().backward()
+    for g, p in zip(grads, par.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad)

@@ -138,3 +138,26 @@ def test_clip_grad_norm_matches_torch():
     _clip_grad_norm(list(b.parameters()), 0.5)
     for x, y in zip(a.parameters(), b.parameters(), strict=True):
         torch.testing.assert_close(x.grad, y.grad, rtol=1e-6, atol=0)
+
+
+def test_cached_buckets_follow_a_learning_rate_change_and_missing_gradients():
+    """FusedAdam keeps its per-bucket lists between steps: a new learning rate, a parameter
+    without gradient and a loaded state must still give torch's updates exactly."""
+    ours, theirs = _model(0), _model(0)
+    opt_o = FusedAdam(ours.parameters(), lr=3e-3)
+    opt_t = torch.optim.Adam(theirs.parameters(), lr=3e-3, fused=True)
+    _train(ours, opt_o, 5)
+    _train(theirs, opt_t, 5)
+    for opt in (opt_o, opt_t):
+        opt.param_groups[0]["lr"] = 1e-3
+    _train(ours, opt_o, 5, seed=2)
+    _train(theirs, opt_t, 5, seed=2)
+    for model, opt in ((ours, opt_o), (theirs, opt_t)):  # the last layer only
+        opt.zero_grad(set_to_none=True)
+        model[2](torch.randn(8, 16, generator=torch.Generator().manual_seed(4))).sum().backward()
+        opt.step()
+    opt_o.load_state_dict(copy.deepcopy(opt_t.state_dict()))
+    _train(ours, opt_o, 3, seed=3)
+    _train(theirs, opt_t, 3, seed=3)
+    for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
+        assert torch.equal(a, b)
