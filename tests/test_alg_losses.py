@@ -311,3 +311,37 @@ def test_dqn_target_network_follows_by_tau_after_an_update():
     for k, v in alg.target_q_network.state_dict().items():
         torch.testing.assert_close(v, 0.75 * target_before[k] + 0.25 * online[k], msg=k)
     assert not torch.equal(online["head.weight"], target_before["head.weight"])
+
+
+@pytest.mark.parametrize("double_q", [True, False])
+@pytest.mark.parametrize("loss_fn", ["huber", "squared"])
+def test_dqn_one_step_path_equals_the_window_path(double_q, loss_fn):
+    """One-step batches take DQN's short path: the same loss, priorities and gradients as the
+    general TDLoss path, with LAST (masked), terminal and truncated rows in the batch."""
+    obs_space = gym.spaces.Box(-1, 1, (4,), np.float32)
+    alg = DqnAlgorithm(obs_space, gym.spaces.Discrete(3), fc_layer_params=(16,), gamma=0.9,
+                       double_q=double_q, td_error_loss_fn=loss_fn)
+    with torch.no_grad():  # a target network that differs from the online one
+        for p in alg.target_q_network.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    g = torch.Generator().manual_seed(0)
+    B = 32
+    step_type = torch.randint(0, 3, (B, 2), generator=g)
+    discount = (torch.rand(B, 2, generator=g) > 0.3).float()
+    exp = Experience(step_type=step_type, reward=torch.randn(B, 2, generator=g),
+                     discount=discount, observation=torch.randn(B, 2, 4, generator=g),
+                     action=torch.randint(0, 3, (B, 2), generator=g))
+    assert (step_type[:, 0] == StepType.LAST).any() and (discount[:, 1] == 0).any()
+    results = []
+    for step in (alg.train_step, alg._window_train_step):
+        alg.zero_grad()
+        li = alg.calc_loss(step(exp).info)
+        li.loss.mean().backward()
+        results.append((li.loss.detach(), li.priority,
+                        [p.grad.clone() for p in alg.q_network.parameters()]))
+    assert "one_step" in alg.train_step(exp).info
+    (loss, prio, grads), (loss_ref, prio_ref, grads_ref) = results
+    torch.testing.assert_close(loss, loss_ref, rtol=0, atol=0)
+    torch.testing.assert_close(prio, prio_ref, rtol=0, atol=0)
+    for a, b in zip(grads, grads_ref, strict=True):
+        torch.testing.assert_close(a, b)
