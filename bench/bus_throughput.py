@@ -83,7 +83,7 @@ def _topics():
     return {TOPIC: TopicSpec("reliable", HWM)}
 
 
-async def _publish(endpoint: str, size: int, seconds: float) -> dict:
+async def _publish(endpoint: str, size: int, seconds: float, many: int = 1) -> dict:
     import numpy as np
 
     from pipeline.bus import Bus
@@ -97,6 +97,11 @@ async def _publish(endpoint: str, size: int, seconds: float) -> dict:
         deadline = time.perf_counter() + seconds
         sent = 0
         while time.perf_counter() < deadline:
+            if many > 1:  # --send-many: the application hands over `many` messages at once
+                await pub.send_many([Record(origin=sent + i, data=payload)
+                                     for i in range(1, many + 1)])
+                sent += many
+                continue
             for _ in range(64):  # read the clock once per batch
                 sent += 1
                 await pub.send(Record(origin=sent, data=payload))
@@ -138,12 +143,13 @@ async def _subscribe(endpoint: str, size: int) -> dict:
         bus.close()
 
 
-def _ours_role(role: str, endpoint: str, size: int, seconds: float, conn, profile: str | None):
+def _ours_role(role: str, endpoint: str, size: int, seconds: float, conn, profile: str | None,
+               many: int = 1):
     import uvloop
 
     def go():
         if role == "pub":
-            return uvloop.run(_publish(endpoint, size, seconds))
+            return uvloop.run(_publish(endpoint, size, seconds, many))
         return uvloop.run(_subscribe(endpoint, size))
 
     if profile:
@@ -360,7 +366,8 @@ def measure_rtt(kind: str, count: int) -> dict:
 # --- driver --------------------------------------------------------------------------------------
 
 
-def measure(kind: str, size: int, seconds: float, profile_dir: str | None = None) -> dict:
+def measure(kind: str, size: int, seconds: float, profile_dir: str | None = None,
+            many: int = 1) -> dict:
     """One run: receiver and sender processes; returns messages/s and MB/s at the receiver."""
     ctx = mp.get_context("spawn")
     target = _ours_role if kind == "ours" else _raw_role
@@ -372,7 +379,8 @@ def measure(kind: str, size: int, seconds: float, profile_dir: str | None = None
     for role in ("sub", "pub"):
         parent, child = ctx.Pipe(duplex=False)
         prof = os.path.join(profile_dir, f"{role}-{size}.prof") if profile_dir else None
-        proc = ctx.Process(target=target, args=(role, endpoint, size, seconds, child, prof))
+        extra = (many,) if kind == "ours" else ()
+        proc = ctx.Process(target=target, args=(role, endpoint, size, seconds, child, prof, *extra))
         proc.start()
         procs.append(proc)
         pipes.append(parent)
@@ -429,6 +437,9 @@ def main(argv=None) -> int:
     parser.add_argument("--verbose", action="store_true", help="print every run")
     parser.add_argument("--rtt-count", type=int, default=5000,
                         help="request/reply round trips per run (0: skip)")
+    parser.add_argument("--send-many", type=int, default=1, metavar="N",
+                        help="our publisher hands over N messages per call (send_many: one "
+                             "Batch on the wire, received one by one); 1 = send per message")
     parser.add_argument("--one-process", type=int, metavar="COUNT",
                         help="only send COUNT messages per size with both ends in this process "
                              "and print CPU µs per message (for callgrind)")
@@ -449,7 +460,8 @@ def main(argv=None) -> int:
         best[label] = {}
         for _ in range(args.repeats):
             for kind in ("raw", "ours"):
-                result = (measure if kind == "ours" else measure_raw)(kind, size, args.seconds)
+                result = measure(kind, size, args.seconds, many=args.send_many) \
+                    if kind == "ours" else measure_raw(kind, size, args.seconds)
                 if args.verbose:
                     print(f"{label} {kind}: {result['msgs_per_s']:,.0f} msg/s, CPU µs/msg "
                           f"{_pair(result['cpu_us'])}, faults/msg {_pair(result['faults'])}",
@@ -459,9 +471,10 @@ def main(argv=None) -> int:
                     best[label][kind] = result
         if args.profile:
             os.makedirs(args.profile, exist_ok=True)
-            measure("ours", size, args.seconds, profile_dir=args.profile)
+            measure("ours", size, args.seconds, profile_dir=args.profile, many=args.send_many)
 
-    print(f"reliable topic over ipc, {args.seconds:.1f}s per run, best of {args.repeats}; "
+    how = f"send_many of {args.send_many}" if args.send_many > 1 else "one send per message"
+    print(f"reliable topic over ipc ({how}), {args.seconds:.1f}s per run, best of {args.repeats}; "
           f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
           f"Python {platform.python_version()}")
     header = f"{'payload':>8} | {'ours msg/s':>11} {'ours MB/s':>10} | " \
@@ -501,6 +514,7 @@ def main(argv=None) -> int:
         "rtt_us": {kind: {k: round(v["p50_us" if k == "p50" else "p99_us"], 1)
                           for k in ("p50", "p99")} for kind, v in rtt.items()},
         "transport": "ipc",
+        "send_many": args.send_many,
         "seconds": args.seconds,
         "repeats": args.repeats,
         "total_s": round(time.perf_counter() - started, 1),

@@ -50,7 +50,7 @@ import msgpack
 import msgspec
 import numpy as np
 
-from pipeline.messages import SCHEMA_VERSION, WIRE_KINDS
+from pipeline.messages import SCHEMA_VERSION, WIRE_KINDS, Batch
 
 # Arrays decoded from zmq frames are read-only views; torch warns about that on every
 # conversion. Receivers that need to write copy explicitly.
@@ -426,6 +426,11 @@ def decode(frames: list, offset: int = 0, end: int | None = None) -> Envelope:
     if dec.next != len(arrays):
         raise ProtocolError(f"{len(arrays)} arrays described but {dec.next} referenced")
     kind = _KINDS.get(cls) or _kind_of(cls)
+    return _new_envelope((kind.name, sender, seq, sent_at, _checked(kind, values)))
+
+
+def _checked(kind: _Kind, values) -> Any:
+    """The message of ``kind`` built from its decoded field values, once they are checked."""
     if type(values) is not list or len(values) != len(kind.fields):
         raise ProtocolError(f"{kind.name}: body is not a list of the {len(kind.fields)} "
                             f"fields {kind.fields}")
@@ -433,7 +438,56 @@ def decode(frames: list, offset: int = 0, end: int | None = None) -> Envelope:
         if type(values[index]) not in expected:
             raise ProtocolError(f"{kind.name}: field {name!r} should be {annotation}, "
                                 f"got {type(values[index]).__name__}")
-    return _new_envelope((kind.name, sender, seq, sent_at, kind.make(values)))
+    return kind.make(values)
+
+
+# --- batches ---------------------------------------------------------------------------------
+
+
+def batch(msgs) -> Batch:
+    """Several messages as one :class:`~pipeline.messages.Batch`: one encode, one envelope, one
+    array table for all of them (see ``ReliablePublisher.send_many``)."""
+    items = []
+    for msg in msgs:
+        kind = _KINDS.get(type(msg)) or _kind_of(type(msg))
+        if kind.name == Batch.KIND:
+            raise TypeError("a batch cannot hold a batch")
+        items.append([kind.name, *kind.values(msg)])
+    return Batch(items)
+
+
+def unbatch(envelope: Envelope) -> list[Envelope]:
+    """The messages of a received :class:`~pipeline.messages.Batch`, each checked as
+    :func:`decode` checks a message, in order; ProtocolError if any item is bad (the batch was
+    published as one message and is refused as one). Written out for runs of one kind: this
+    is per message, the one place a batch still pays per message."""
+    out: list[Envelope] = []
+    append, new = out.append, _new_envelope
+    sender, seq, sent_at = envelope.sender, envelope.seq, envelope.sent_at
+    name = kind = None
+    for item in envelope.message.items:
+        if type(item) is not list or not item:
+            raise ProtocolError("batch item is not a [kind, *fields] list")
+        if item[0] != name or kind is None:
+            name = item[0]
+            cls = WIRE_KINDS.get(name.encode()) if type(name) is str else None
+            if type(name) is not str:
+                raise ProtocolError("batch item is not a [kind, *fields] list")
+            if cls is None or cls is Batch:
+                raise ProtocolError(f"batch item of kind {_short(name)}")
+            kind = _KINDS.get(cls) or _kind_of(cls)
+            size, checks, make = len(kind.fields) + 1, kind.checks, kind.make
+        values = item[1:]
+        if len(item) != size:
+            _checked(kind, values)  # raises with the reason
+        for index, field, expected, annotation in checks:
+            if type(values[index]) not in expected:
+                raise ProtocolError(f"{kind.name}: field {field!r} should be {annotation}, "
+                                    f"got {type(values[index]).__name__}")
+        append(new((kind.name, sender, seq, sent_at, make(values))))
+    if not out:
+        raise ProtocolError("empty batch")
+    return out
 
 
 def _decode_arrays(frames, data, meta, at: int, table_end: int, inline_at: int, end: int,
@@ -442,7 +496,14 @@ def _decode_arrays(frames, data, meta, at: int, table_end: int, inline_at: int, 
     of ``data``; append the arrays (views, no copies); return where the inline bytes end."""
     table = meta[at:table_end]
     # A peer sends the same few tables over and over: each is parsed and checked once.
-    specs = _TABLES.get(table) or _remember(_TABLES, table, _check_table(table))
+    specs, uniform = _TABLES.get(table) or _remember(_TABLES, table, _check_table(table))
+    if uniform is not None and len(frames) == 1 and \
+            inline_at + uniform.nbytes * len(specs) <= end:
+        # Many inline arrays of one dtype and shape back to back (a batch of small messages):
+        # one view of them all, then a view per array.
+        block = np.frombuffer(data, uniform.dtype, uniform.count * len(specs), inline_at)
+        arrays.extend(block.reshape(len(specs), *uniform.shape))
+        return inline_at + uniform.nbytes * len(specs)
     frame = 1
     for dtype, shape, count, nbytes, flags in specs:
         if flags & _FRAMED:
@@ -473,7 +534,9 @@ def _decode_arrays(frames, data, meta, at: int, table_end: int, inline_at: int, 
 
 
 def _check_table(table: bytes) -> tuple:
-    """The checked specs of an array table (descriptors back to back)."""
+    """The checked specs of an array table (descriptors back to back), and the one spec they
+    all share when they are several inline numpy arrays of at least one dimension (else
+    None)."""
     specs, at = [], 0
     while at < len(table):
         if at + 3 > len(table) or at + 3 + 8 * table[at + 2] > len(table):
@@ -482,7 +545,10 @@ def _check_table(table: bytes) -> tuple:
         at += len(descriptor)
         specs.append(_SPECS.get(descriptor) or _remember(_SPECS, descriptor,
                                                          _check_descriptor(descriptor)))
-    return tuple(specs)
+    first = specs[0] if specs else None
+    uniform = first if (len(specs) > 1 and not first.flags and first.shape
+                        and all(spec == first for spec in specs)) else None
+    return tuple(specs), uniform
 
 
 def _short(value) -> str:

@@ -197,6 +197,13 @@ class ReliablePublisher:
         if self.tap.subscribers:
             self.tap.mirror(self.topic, frames)
 
+    async def send_many(self, msgs, key: int | None = None) -> None:
+        """Queue ``msgs`` as one :class:`~pipeline.messages.Batch`: delivered, acknowledged and
+        redelivered whole, handed out one by one by a :class:`ReliableSubscriber`, in order.
+        Nothing is sent for an empty list."""
+        if msgs:
+            await self.send(codec.batch(msgs), key)
+
     async def _wait_for_space(self) -> None:
         started = time.perf_counter()
         while self._full():

@@ -17,7 +17,7 @@ import zmq
 
 from pipeline import codec, reliable
 from pipeline.channel import Channel
-from pipeline.messages import Credit, Join, Leave
+from pipeline.messages import Batch, Credit, Join, Leave
 from pipeline.reliable import (
     _BATCH,
     _BATCH_HEAD,
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from pipeline.bus import Bus
 
 log = logging.getLogger(__name__)
+
+_BATCH_KIND = Batch.KIND
 
 
 class _Connection:
@@ -100,13 +102,25 @@ class _Connection:
             else:
                 envelope = codec.decode([head, *frames[1:]], _HEAD.size)
                 nbytes = len(head) - _HEAD.size + sum(map(len, frames[1:]))
+            self._enqueue(envelope, nbytes)
         except codec.ProtocolError as exc:
             sub.stats.malformed += 1
             log.warning("%s: dropped malformed message on %s: %s", sub.bus.instance,
                         sub.topic, exc)
             self.ack(1)
+
+    def _enqueue(self, envelope: codec.Envelope, nbytes: int) -> None:
+        """Queue a delivered message; a :class:`~pipeline.messages.Batch` as its items, of which
+        only the last carries this connection: the batch is one message to acknowledge, once
+        the consumer asked past its last item. ProtocolError (nothing queued) if an item is bad."""
+        queue = self.sub._queue
+        if envelope.kind != _BATCH_KIND:
+            queue.append((self, envelope, nbytes))
             return
-        sub._queue.append((self, envelope, nbytes))
+        items = codec.unbatch(envelope)
+        for item in items[:-1]:
+            queue.append((None, item, 0))
+        queue.append((self, items[-1], nbytes))
 
     def _on_batch(self, head: bytes, frames) -> None:
         """Unpack a batch delivery (layout at ``_BATCH_HEAD``) into the queue, in order."""
@@ -141,7 +155,7 @@ class _Connection:
                         messages, sub.topic)
             self.ack(messages)
             return
-        decode, append, alone = codec.decode, sub._queue.append, [head]
+        decode, enqueue, alone = codec.decode, self._enqueue, [head]
         start, frame, bad = table_end, 1, 0
         for length, buffers in zip(lengths, buffer_counts, strict=True):
             end = start + length
@@ -149,10 +163,9 @@ class _Connection:
                 if buffers:
                     arrays = frames[frame:frame + buffers]
                     frame += buffers
-                    append((self, decode([head, *arrays], start, end),
-                            length + sum(map(len, arrays))))
+                    enqueue(decode([head, *arrays], start, end), length + sum(map(len, arrays)))
                 else:
-                    append((self, decode(alone, start, end), length))
+                    enqueue(decode(alone, start, end), length)
             except codec.ProtocolError as exc:
                 bad += 1
                 log.warning("%s: dropped malformed message on %s: %s", sub.bus.instance,

@@ -17,7 +17,7 @@ import zmq.asyncio
 
 from pipeline import codec, reliable
 from pipeline.bus import Bus, TopicSpec
-from pipeline.messages import Credit, Join, Record
+from pipeline.messages import Batch, Credit, Join, Record
 from pipeline.sockets import SocketFactory
 
 TOPICS = {"numbers": TopicSpec("reliable", 100)}
@@ -466,3 +466,70 @@ async def _trailing_junk(tmp_path) -> None:
 @pytest.mark.timeout(60)
 def test_a_batch_with_trailing_junk_is_refused(tmp_path):
     asyncio.run(asyncio.wait_for(_trailing_junk(tmp_path), 30))
+
+
+async def _send_many(tmp_path) -> None:
+    """``send_many``: one message on the wire (one counter, one credit), handed out one by one
+    in order, acknowledged once the subscriber asked past its last item, and redelivered whole
+    when the member that had it goes away."""
+    topics = {"numbers": TopicSpec("reliable", 1000)}
+    async with _publisher_and_member(tmp_path, topics) as (ctx, pub, raw):
+        sub_bus = Bus("sink.1~0", "sink", topics, {}, {}, sockets=SocketFactory(ctx))
+        try:
+            big = np.arange(codec.INLINE_MAX)  # framed, the rest inline
+            batches = [[Record(10 * b + i, big if i == 2 else np.full(3, 10 * b + i))
+                        for i in range(5)] for b in range(3)]
+            for msgs in batches:
+                await pub.send_many(msgs)
+            await pub.send_many([])  # nothing
+            assert pub.stats.sent == 3
+
+            raw.connect(pub.endpoint)
+            await raw.send_multipart(codec.encode(Join("numbers", "sink", "sink.0~0", 1, 1 << 30)))
+            frames = await asyncio.wait_for(raw.recv_multipart(copy=False), 5)
+            head = frames[0].bytes
+            assert head[:1] == b"D" and struct.unpack_from("<Q", head, 1)[0] == 1  # 1 credit
+            # The member vanishes: the first batch goes back whole.
+            pub.drop_instances({"sink.0~0"})
+            assert pub.stats.redelivered == 1
+
+            sub_bus.set_peers({"numbers": [pub.endpoint]}, {})
+            sub = sub_bus.subscriber("numbers")
+            for b, msgs in enumerate(batches):
+                for msg in msgs:
+                    envelope = await asyncio.wait_for(sub.recv(), 5)
+                    assert envelope.kind == "record" and envelope.message.origin == msg.origin
+                    np.testing.assert_array_equal(envelope.message.data, msg.data)
+                    # A batch counts as handled (acknowledged, or due to be) only once the
+                    # subscriber asked past its last item: b batches so far, whatever the item.
+                    conn = sub.connections[pub.endpoint]
+                    assert (conn.expected - 1 - conn.unacked) + conn.handled == b
+            assert sub.stats.received == 15 and sub.stats.gaps == 0 and sub.stats.malformed == 0
+            assert pub.pending() >= 1  # the last batch: its last item not asked past yet
+            sub._ack_previous(threshold=1)  # what asking for more, then going idle, does
+            assert await pub.flush(5) and pub.pending() == 0
+        finally:
+            sub_bus.close()
+
+
+@pytest.mark.timeout(60)
+def test_send_many_is_one_message_on_the_wire_and_many_for_the_subscriber(tmp_path):
+    asyncio.run(asyncio.wait_for(_send_many(tmp_path), 30))
+
+
+async def _bad_batch_item(tmp_path) -> None:
+    async with _publisher_and_sink(tmp_path) as (pub, subscribe, raw):
+        sub = subscribe()
+        good = codec.batch([Record(1, np.zeros(2)), Record(2, None)])
+        bad = Batch([["record", "not an int", None]])
+        await pub.send(bad)
+        await pub.send(good)
+        for origin in (1, 2):
+            envelope = await asyncio.wait_for(sub.recv(), 5)
+            assert envelope.message.origin == origin
+        assert sub.stats.malformed == 1 and sub.stats.gaps == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_with_a_bad_item_is_refused_whole(tmp_path):
+    asyncio.run(asyncio.wait_for(_bad_batch_item(tmp_path), 30))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import struct
 
 import msgpack
@@ -19,7 +20,7 @@ from hypothesis.extra import numpy as hnp
 
 from pipeline import codec
 from pipeline.bus import Bus, TopicSpec
-from pipeline.messages import SCHEMA_VERSION, ControlReply, Credit, Hello, Join, Record
+from pipeline.messages import SCHEMA_VERSION, Batch, ControlReply, Credit, Hello, Join, Record
 from pipeline.sockets import SocketFactory
 
 DTYPES = [np.bool_, np.uint8, np.int32, np.int64, np.float16, np.float32, np.float64]
@@ -630,3 +631,40 @@ async def _garbage_control_to_publisher(tmp_path) -> None:
 @pytest.mark.timeout(60)
 def test_garbage_control_messages_do_not_disturb_a_reliable_publisher(tmp_path):
     asyncio.run(asyncio.wait_for(_garbage_control_to_publisher(tmp_path), 30))
+
+
+def test_a_batch_round_trips_its_messages_in_order_with_their_arrays():
+    big = np.arange(codec.INLINE_MAX, dtype=np.uint8)  # a framed array among inline ones
+    msgs = [Record(1, np.arange(3.0)), Record(2, big), Record(3, None)]
+    frames = codec.encode(codec.batch(msgs), "source.0~0", 9)
+    assert len(frames) == 2
+    envelope = codec.decode(frames)
+    items = codec.unbatch(envelope)
+    assert [e.kind for e in items] == ["record"] * 3
+    assert [(e.sender, e.seq) for e in items] == [("source.0~0", 9)] * 3
+    for got, want in zip(items, msgs, strict=True):
+        assert got.message.origin == want.origin
+        if want.data is None:
+            assert got.message.data is None
+        else:
+            np.testing.assert_array_equal(got.message.data, want.data)
+
+
+@pytest.mark.parametrize("items, reason", [
+    ([], "empty batch"),
+    ([["no_such_kind", 1]], "batch item of kind"),
+    ([["batch", []]], "batch item of kind"),
+    ([[1, 2]], "not a [kind, *fields] list"),
+    (["record"], "not a [kind, *fields] list"),
+    ([["record", "one", None]], "field 'origin' should be int"),
+    ([["record", 1]], "body is not a list of the 2 fields"),
+])
+def test_a_batch_with_a_bad_item_is_refused_with_a_reason(items, reason):
+    envelope = codec.decode(codec.encode(Batch(items), "source.0~0", 1))
+    with pytest.raises(codec.ProtocolError, match=re.escape(reason)):
+        codec.unbatch(envelope)
+
+
+def test_a_batch_cannot_hold_a_batch():
+    with pytest.raises(TypeError, match="a batch cannot hold a batch"):
+        codec.batch([codec.batch([Record(1, None)])])
