@@ -21,6 +21,6 @@ def test_latest_subscriber_survives_publishers_killed_mid_stream(tmp_path):
     assert "Assertion failed" not in proc.stderr, proc.stderr[-2000:]
     assert proc.returncode == 0, proc.stderr[-2000:]
     found = re.search(r"ok (\d+) rounds, (\d+) with a message waiting", proc.stdout)
-    assert found and int(found[1]) == ROUNDS, proc.stdout
+    assert found and int(found[1]) >= ROUNDS, proc.stdout
     # The hazard was there: a message half taken by libzmq when the dead peer's pipe was cut.
     assert int(found[2]) >= 1, proc.stdout
