@@ -81,19 +81,28 @@ class FusedAdam:
         for bucket in self._buckets():
             params, (lr, (beta1, beta2), weight_decay, eps) = bucket[0], bucket[1]
             grads = [p.grad for p in params]
-            if not all(g is not None for g in grads):  # only those with a gradient step
-                self._step_some(params, lr, beta1, beta2, weight_decay, eps)
-                continue
-            if bucket[2] is None:
-                states = [self._state(p) for p in params]
-                bucket[2] = ([s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
-                             [s["step"] for s in states])
-            exp_avgs, exp_avg_sqs, steps = bucket[2]
+            if all(g is not None for g in grads):
+                if bucket[2] is None:
+                    bucket[2] = self._state_lists(params)
+                lists = bucket[2]
+            else:  # only the parameters with a gradient step; the others keep their state
+                params = [p for p, g in zip(params, grads, strict=True) if g is not None]
+                if not params:
+                    continue
+                grads = [p.grad for p in params]
+                lists = self._state_lists(params)
+            exp_avgs, exp_avg_sqs, steps = lists
             torch._foreach_add_(steps, 1)
             torch._fused_adam_(
                 params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=lr, beta1=beta1,
                 beta2=beta2, weight_decay=weight_decay, eps=eps,
                 amsgrad=False, maximize=False, grad_scale=None, found_inf=None)
+
+    def _state_lists(self, params: list) -> tuple[list, list, list]:
+        """``(exp_avgs, exp_avg_sqs, steps)`` of ``params``, their state made if new."""
+        states = [self._state(p) for p in params]
+        return ([s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+                [s["step"] for s in states])
 
     def _buckets(self) -> list:
         """``[params, hyperparameters, state lists or None]`` per bucket of parameters that
@@ -113,20 +122,6 @@ class FusedAdam:
         buckets = [[params, hyper, None] for (_, _, hyper), params in grouped.items()]
         self._cache = (key, buckets)
         return buckets
-
-    def _step_some(self, params, lr, beta1, beta2, weight_decay, eps) -> None:
-        """One step of the parameters that have a gradient (the others keep their state)."""
-        params = [p for p in params if p.grad is not None]
-        if not params:
-            return
-        states = [self._state(p) for p in params]
-        steps = [s["step"] for s in states]
-        torch._foreach_add_(steps, 1)
-        torch._fused_adam_(
-            params, [p.grad for p in params], [s["exp_avg"] for s in states],
-            [s["exp_avg_sq"] for s in states], [], steps, lr=lr, beta1=beta1,
-            beta2=beta2, weight_decay=weight_decay, eps=eps,
-            amsgrad=False, maximize=False, grad_scale=None, found_inf=None)
 
     def _group(self, group: int | None) -> dict:
         if group is None:
@@ -165,4 +160,3 @@ class FusedAdam:
                 "step": torch.as_tensor(s["step"], dtype=torch.float32).to(p.device).clone(),
                 "exp_avg": s["exp_avg"].to(p.device, p.dtype).clone(),
                 "exp_avg_sq": s["exp_avg_sq"].to(p.device, p.dtype).clone()}
-

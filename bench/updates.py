@@ -273,12 +273,13 @@ def ppo_sides(env_id: str):
     cb.init_callback(model)
     model.collect_rollouts(model.env, cb, model.rollout_buffer, n_rollout_steps=T)
 
-    info = unroll.rollout_info
-    keep = np.asarray(unroll.step_type[:-1]).reshape(-1) >= 0
-    mb = {"obs": torch.as_tensor(np.asarray(unroll.observation[:-1])).reshape(-1, np.asarray(unroll.observation).shape[-1])[keep],
-          "actions": torch.as_tensor(np.asarray(unroll.action[:-1])).reshape(-1)[keep].long(),
-          "logp": torch.as_tensor(np.asarray(info["log_prob"][:-1])).reshape(-1)[keep],
-          "adv": torch.randn(int(keep.sum())), "returns": torch.randn(int(keep.sum()))}
+    def rows(x):  # [T + 1, B, ...] -> the T * B trained rows
+        x = torch.as_tensor(np.asarray(x[:-1]))
+        return x.reshape(-1, *x.shape[2:])
+
+    mb = {"obs": rows(unroll.observation), "actions": rows(unroll.action).long(),
+          "logp": rows(unroll.rollout_info["log_prob"]),
+          "adv": torch.randn(T * n), "returns": torch.randn(T * n)}
     plain = plain_ppo(p, mb)
     return {"ours": lambda: alg.train_on(unroll), "sb3": model.train, "plain": plain}, epochs
 
@@ -302,7 +303,7 @@ def main() -> None:
             ms = {}
             for name, update in sides.items():
                 calls = updates * per_call if name == "plain" else updates
-                torch.set_num_threads(threads)  # (building an SB3 model may change it)
+                torch.set_num_threads(threads)  # each side timed at the same setting
                 t = timed(update, calls, args.repeats, warmup=max(calls // 4, 3))
                 ms[name] = t if name == "plain" else t / per_call
             row = {"algo": algo, "env": env_id, "threads": threads,
