@@ -113,44 +113,78 @@ async def _publish(endpoint: str, size: int, seconds: float, many: int = 1) -> d
         bus.close()
 
 
-async def _subscribe(endpoint: str, size: int) -> dict:
+async def _subscribe(endpoint: str, size: int, many: bool = False) -> dict:
     from pipeline.bus import Bus
 
     bus = Bus("sink.0~0", "sink", _topics(), {}, {})
     try:
         bus.set_peers({TOPIC: [endpoint]}, {})
         sub = bus.subscriber(TOPIC)
-        received, start, start_count, last = 0, None, 0, None
-        usage = None
-        async for envelope in sub:
-            usage = usage or _Usage()
+        tally = await (_take_many(sub, size) if many else _take_each(sub, size))
+        return {**tally, "gaps": sub.stats.gaps, "malformed": sub.stats.malformed}
+    finally:
+        bus.close()
+
+
+async def _take_each(sub, size: int) -> dict:
+    """Messages one ``recv`` at a time (``async for``) until the end marker."""
+    received, start, start_count, last = 0, None, 0, None
+    usage = None
+    async for envelope in sub:
+        usage = usage or _Usage()
+        msg = envelope.message
+        if msg.origin < 0:
+            break
+        if msg.data.nbytes != size:
+            raise RuntimeError(f"payload of {msg.data.nbytes} bytes, expected {size}")
+        received += 1
+        last = time.perf_counter()
+        if start is None:
+            start, start_count = last + WARMUP_S, None
+        elif start_count is None and last >= start:
+            start, start_count = last, received
+    return {"received": received, "count": received - (start_count or received),
+            "elapsed": (last - start) if start_count else 0.0, **usage.since(received)}
+
+
+async def _take_many(sub, size: int) -> dict:
+    """``--recv-many``: every message already here per call (a sent batch as one list)."""
+    received, start, start_count, last = 0, None, 0, None
+    usage = None
+    while envelopes := await sub.recv_many():
+        usage = usage or _Usage()
+        for envelope in envelopes:
             msg = envelope.message
             if msg.origin < 0:
                 break
             if msg.data.nbytes != size:
                 raise RuntimeError(f"payload of {msg.data.nbytes} bytes, expected {size}")
             received += 1
+        else:
             last = time.perf_counter()
             if start is None:
                 start, start_count = last + WARMUP_S, None
             elif start_count is None and last >= start:
                 start, start_count = last, received
-        return {"received": received, "count": received - (start_count or received),
-                "elapsed": (last - start) if start_count else 0.0,
-                "gaps": sub.stats.gaps, "malformed": sub.stats.malformed,
-                **usage.since(received)}
-    finally:
-        bus.close()
+            continue
+        break  # the end marker (it comes last)
+    return {"received": received, "count": received - (start_count or received),
+            "elapsed": (last - start) if start_count else 0.0, **usage.since(received)}
 
 
 def _ours_role(role: str, endpoint: str, size: int, seconds: float, conn, profile: str | None,
-               many: int = 1):
+               many: int = 1, recv_many: bool = False):
     import uvloop
+
+    from pipeline import gcpolicy
+
+    gcpolicy.configure()  # as a node process does (pipeline.node.process_main)
+    gcpolicy.settle()
 
     def go():
         if role == "pub":
             return uvloop.run(_publish(endpoint, size, seconds, many))
-        return uvloop.run(_subscribe(endpoint, size))
+        return uvloop.run(_subscribe(endpoint, size, recv_many))
 
     if profile:
         import cProfile
@@ -367,7 +401,7 @@ def measure_rtt(kind: str, count: int) -> dict:
 
 
 def measure(kind: str, size: int, seconds: float, profile_dir: str | None = None,
-            many: int = 1) -> dict:
+            many: int = 1, recv_many: bool = False) -> dict:
     """One run: receiver and sender processes; returns messages/s and MB/s at the receiver."""
     ctx = mp.get_context("spawn")
     target = _ours_role if kind == "ours" else _raw_role
@@ -379,7 +413,7 @@ def measure(kind: str, size: int, seconds: float, profile_dir: str | None = None
     for role in ("sub", "pub"):
         parent, child = ctx.Pipe(duplex=False)
         prof = os.path.join(profile_dir, f"{role}-{size}.prof") if profile_dir else None
-        extra = (many,) if kind == "ours" else ()
+        extra = (many, recv_many) if kind == "ours" else ()
         proc = ctx.Process(target=target, args=(role, endpoint, size, seconds, child, prof, *extra))
         proc.start()
         procs.append(proc)
@@ -440,6 +474,9 @@ def main(argv=None) -> int:
     parser.add_argument("--send-many", type=int, default=1, metavar="N",
                         help="our publisher hands over N messages per call (send_many: one "
                              "Batch on the wire, received one by one); 1 = send per message")
+    parser.add_argument("--recv-many", action="store_true",
+                        help="our subscriber takes every message already here per call "
+                             "(recv_many) instead of one recv per message")
     parser.add_argument("--one-process", type=int, metavar="COUNT",
                         help="only send COUNT messages per size with both ends in this process "
                              "and print CPU µs per message (for callgrind)")
@@ -460,7 +497,8 @@ def main(argv=None) -> int:
         best[label] = {}
         for _ in range(args.repeats):
             for kind in ("raw", "ours"):
-                result = measure(kind, size, args.seconds, many=args.send_many) \
+                result = measure(kind, size, args.seconds, many=args.send_many,
+                                 recv_many=args.recv_many) \
                     if kind == "ours" else measure_raw(kind, size, args.seconds)
                 if args.verbose:
                     print(f"{label} {kind}: {result['msgs_per_s']:,.0f} msg/s, CPU µs/msg "
@@ -471,9 +509,11 @@ def main(argv=None) -> int:
                     best[label][kind] = result
         if args.profile:
             os.makedirs(args.profile, exist_ok=True)
-            measure("ours", size, args.seconds, profile_dir=args.profile, many=args.send_many)
+            measure("ours", size, args.seconds, profile_dir=args.profile, many=args.send_many,
+                    recv_many=args.recv_many)
 
     how = f"send_many of {args.send_many}" if args.send_many > 1 else "one send per message"
+    how += ", recv_many" if args.recv_many else ", one recv per message"
     print(f"reliable topic over ipc ({how}), {args.seconds:.1f}s per run, best of {args.repeats}; "
           f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
           f"Python {platform.python_version()}")

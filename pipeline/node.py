@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 import zmq
 
-from pipeline import codec, kinds
+from pipeline import codec, gcpolicy, kinds
 from pipeline import config as configlib
 from pipeline.bus import Bus, TopicSpec
 from pipeline.ledger import Ledger
@@ -179,8 +179,10 @@ class NodeFailed(Exception):
 
 
 async def run_instance(launch: Launch, sockets: SocketFactory | None = None,
-                       stop: asyncio.Event | None = None) -> dict:
-    """Run one node instance to completion; return its summary or raise NodeFailed."""
+                       stop: asyncio.Event | None = None, on_ready=None) -> dict:
+    """Run one node instance to completion; return its summary or raise NodeFailed.
+    ``on_ready()`` runs when the node reports ready (a node process settles its garbage
+    collector there: :mod:`pipeline.gcpolicy`)."""
     kind = kinds.resolve(launch.kind)
     config_cls = kind.config_cls
     config = configlib.build(config_cls, launch.config) if config_cls else dict(launch.config)
@@ -198,6 +200,8 @@ async def run_instance(launch: Launch, sockets: SocketFactory | None = None,
         await control.start()
 
         def ready() -> None:
+            if on_ready is not None:
+                on_ready()
             control.send(Ready(launch.incarnation))
 
         async with asyncio.TaskGroup() as tasks:
@@ -351,6 +355,7 @@ def process_main(launch_path: str, log_path: str | None = None) -> int:
     """Entry point of a node process (``run.py node LAUNCH_JSON``)."""
     import uvloop
 
+    gcpolicy.configure()
     launch = Launch.read(launch_path)
     if launch.nice:
         os.nice(launch.nice)
@@ -368,7 +373,7 @@ def process_main(launch_path: str, log_path: str | None = None) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         try:
-            await run_instance(launch, stop=stop)
+            await run_instance(launch, stop=stop, on_ready=gcpolicy.settle)
         except NodeFailed:
             return EXIT_FAILED
         return EXIT_OK

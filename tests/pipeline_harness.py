@@ -188,6 +188,16 @@ async def secret_probe(config, node, ready):
     return {}
 
 
+async def gc_probe(config, node, ready):
+    """A node kind for tests (``tests.pipeline_harness:gc_probe``): after ``ready()``, until
+    stopped; its summary is its garbage collector's thresholds and frozen-object count."""
+    import gc
+
+    ready()
+    await node.stopping.wait()
+    return {"gc_threshold": list(gc.get_threshold()), "gc_frozen": gc.get_freeze_count()}
+
+
 IDLE_DEMO = """
 name: {name}
 topics:

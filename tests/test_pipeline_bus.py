@@ -517,6 +517,47 @@ def test_send_many_is_one_message_on_the_wire_and_many_for_the_subscriber(tmp_pa
     asyncio.run(asyncio.wait_for(_send_many(tmp_path), 30))
 
 
+async def _recv_many(tmp_path) -> None:
+    """``recv_many``: every message already here, in order (the items of a batch and single
+    messages alike), at most ``limit``; what it handed out counts as handled only once the
+    subscriber asks again, by either call; ``[]`` once left and drained."""
+    async with _publisher_and_sink(tmp_path) as (pub, subscribe, raw):
+        sub = subscribe()
+        await pub.send(Record(1, None))
+        for b in range(2):
+            await pub.send_many([Record(10 * b + i, np.full(3, 10 * b + i)) for i in range(4)])
+        await pub.send(Record(99, np.arange(codec.INLINE_MAX)))  # framed
+        while len(sub._queue) < 10:  # all four wire messages delivered
+            sub._event.clear()
+            await asyncio.wait_for(sub._event.wait(), 5)
+        conn = sub.connections[pub.endpoint]
+
+        def handled() -> int:  # wire messages acknowledged or due to be
+            return (conn.expected - 1 - conn.unacked) + conn.handled
+
+        first = await sub.recv_many(limit=3)
+        assert [e.message.origin for e in first] == [1, 0, 1] and handled() == 0
+        rest = await sub.recv_many()
+        assert [e.message.origin for e in rest] == [2, 3, 10, 11, 12, 13, 99]
+        np.testing.assert_array_equal(rest[1].message.data, np.full(3, 3))
+        np.testing.assert_array_equal(rest[-1].message.data, np.arange(codec.INLINE_MAX))
+        assert handled() == 1  # the single message; the first batch's last item came after
+        assert sub.stats.received == 10 and len(sub._queue) == 0
+        waiting = asyncio.ensure_future(sub.recv())  # asking again, with nothing left
+        while handled() < 4:
+            await asyncio.sleep(0)  # let recv() run up to its wait
+        sub.leave()
+        assert await asyncio.wait_for(waiting, 5) is None
+        assert await sub.recv_many() == []
+        assert await pub.flush(5) and pub.pending() == 0
+        assert sub.stats.gaps == 0 and sub.stats.malformed == 0
+
+
+@pytest.mark.timeout(60)
+def test_recv_many_hands_out_what_is_here_and_acknowledges_on_the_next_call(tmp_path):
+    asyncio.run(asyncio.wait_for(_recv_many(tmp_path), 30))
+
+
 async def _bad_batch_item(tmp_path) -> None:
     async with _publisher_and_sink(tmp_path) as (pub, subscribe, raw):
         sub = subscribe()

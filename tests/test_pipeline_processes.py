@@ -11,7 +11,8 @@ import sys
 import pytest
 import zmq
 
-from tests.pipeline_harness import ROOT, LiveRun, alive, node_pids
+from pipeline import gcpolicy
+from tests.pipeline_harness import ROOT, LiveRun, alive, idle_demo_graph, node_pids
 
 GRAPH = os.path.join(ROOT, "graphs", "demo_counter.yaml")
 
@@ -223,3 +224,24 @@ def test_nodes_are_forks_of_the_fork_server_and_outlive_its_death(live):
     assert run.finish(60) == 0, run.stderr
     assert not [pid for pid in node_pids(run.run_dir) if alive(pid)]
     assert not alive(server)
+
+
+@pytest.mark.timeout(120)
+def test_a_node_process_collects_garbage_rarely_and_freezes_what_it_set_up(tmp_path):
+    """pipeline.gcpolicy in a real node process: the young threshold raised at start, and
+    everything made before ``ready()`` frozen out of the collector's scans."""
+    graph = tmp_path / "gc.yaml"
+    graph.write_text(idle_demo_graph("gc", """
+  probe:
+    kind: "tests.pipeline_harness:gc_probe"
+"""))
+    run = LiveRun(str(tmp_path / "run"), str(graph))
+    try:
+        run.wait_ready()
+        assert run.cli("stop", run.run_dir).returncode == 0
+        assert run.finish(60) == 0, run.stderr
+        seen = run.summary()["nodes"]["probe.0"]["status"]  # the probe's summary
+        assert seen["gc_threshold"] == [gcpolicy.YOUNG_THRESHOLD, *gcpolicy.OLDER_THRESHOLDS]
+        assert seen["gc_frozen"] > 10_000  # the modules, the bus, the node's own state
+    finally:
+        run.kill()
