@@ -50,7 +50,7 @@ import msgpack
 import msgspec
 import numpy as np
 
-from pipeline.messages import SCHEMA_VERSION, WIRE_KINDS, Batch
+from pipeline.messages import SCHEMA_VERSION, WIRE_KINDS
 
 # Arrays decoded from zmq frames are read-only views; torch warns about that on every
 # conversion. Receivers that need to write copy explicitly.
@@ -168,10 +168,7 @@ def _maker(cls, fields):
     matters per small message received. Only for plain frozen dataclasses (no ``__post_init__``,
     slots, or fields outside ``__init__``); anything else is built by calling the class.
     """
-    plain = (not hasattr(cls, "__post_init__") and "__slots__" not in cls.__dict__
-             and all(f.init for f in fields)
-             and all(f.name.isidentifier() for f in fields))
-    if not plain:
+    if not _plain(cls, fields):
         return lambda values: cls(*values)
     lines = ["def make(values):", "    obj = new(cls)", "    state = obj.__dict__"]
     lines += [f"    state[{f.name!r}] = values[{i}]" for i, f in enumerate(fields)]
@@ -179,6 +176,12 @@ def _maker(cls, fields):
     namespace = {"new": object.__new__, "cls": cls}
     exec("\n".join(lines), namespace)  # field names only: identifiers, checked above
     return namespace["make"]
+
+
+def _plain(cls, fields) -> bool:
+    """Whether ``cls(*values)`` only sets these fields, so filling ``__dict__`` is the same."""
+    return (not hasattr(cls, "__post_init__") and "__slots__" not in cls.__dict__
+            and all(f.init for f in fields) and all(f.name.isidentifier() for f in fields))
 
 
 def _names(name: bytes, sender: str) -> tuple:
@@ -439,44 +442,6 @@ def _checked(kind: _Kind, values) -> Any:
             raise ProtocolError(f"{kind.name}: field {name!r} should be {annotation}, "
                                 f"got {type(values[index]).__name__}")
     return kind.make(values)
-
-
-def batch(msgs) -> Batch:
-    """Several messages as one :class:`~pipeline.messages.Batch` (``send_many``)."""
-    items = []
-    for msg in msgs:
-        kind = _KINDS.get(type(msg)) or _kind_of(type(msg))
-        if kind.name == Batch.KIND:
-            raise TypeError("a batch cannot hold a batch")
-        items.append([kind.name, *kind.values(msg)])
-    return Batch(items)
-
-
-def unbatch(envelope: Envelope) -> list[Envelope]:
-    """The messages of a received :class:`~pipeline.messages.Batch` in order, each checked as
-    :func:`decode` checks one; ProtocolError if any is bad (the batch is refused whole)."""
-    out: list[Envelope] = []
-    sender, seq, sent_at = envelope.sender, envelope.seq, envelope.sent_at
-    name = kind = None
-    for item in envelope.message.items:
-        if type(item) is not list or not item or type(item[0]) is not str:
-            raise ProtocolError("batch item is not a [kind, *fields] list")
-        if item[0] != name:
-            name, cls = item[0], WIRE_KINDS.get(item[0].encode())
-            if cls is None or cls is Batch:
-                raise ProtocolError(f"batch item of kind {_short(name)}")
-            kind = _KINDS.get(cls) or _kind_of(cls)
-            size, checks, make = len(kind.fields) + 1, kind.checks, kind.make
-        values = item[1:]
-        if len(item) != size:
-            _checked(kind, values)  # raises with the reason
-        for i, _, ok, _ in checks:
-            if type(values[i]) not in ok:
-                _checked(kind, values)
-        out.append(_new_envelope((kind.name, sender, seq, sent_at, make(values))))
-    if not out:
-        raise ProtocolError("empty batch")
-    return out
 
 
 def _decode_arrays(frames, data, meta, at: int, table_end: int, inline_at: int, end: int,

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from pipeline import codec
+from pipeline import batch_codec, codec
 from pipeline.broadcast import Tap
 from pipeline.channel import Channel
 from pipeline.messages import Credit, Join, Leave, LeaveAck
@@ -202,7 +202,7 @@ class ReliablePublisher:
         redelivered whole, handed out one by one by a :class:`ReliableSubscriber`, in order.
         Nothing is sent for an empty list."""
         if msgs:
-            await self.send(codec.batch(msgs), key)
+            await self.send(batch_codec.batch(msgs), key)
 
     async def _wait_for_space(self) -> None:
         started = time.perf_counter()

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from pipeline import codec, reliable
+from pipeline import batch_codec, codec, reliable
 from pipeline.channel import Channel
 from pipeline.messages import Batch, Credit, Join, Leave
 from pipeline.reliable import (
@@ -117,7 +117,7 @@ class _Connection:
         if envelope.kind != _BATCH_KIND:
             queue.append((self, envelope, nbytes))
             return
-        items = codec.unbatch(envelope)
+        items = batch_codec.unbatch(envelope)
         for item in items[:-1]:
             queue.append((None, item, 0))
         queue.append((self, items[-1], nbytes))

@@ -15,7 +15,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from pipeline import codec, reliable
+from pipeline import batch_codec, codec, reliable
 from pipeline.bus import Bus, TopicSpec
 from pipeline.messages import Batch, Credit, Join, Record
 from pipeline.sockets import SocketFactory
@@ -561,7 +561,7 @@ def test_recv_many_hands_out_what_is_here_and_acknowledges_on_the_next_call(tmp_
 async def _bad_batch_item(tmp_path) -> None:
     async with _publisher_and_sink(tmp_path) as (pub, subscribe, raw):
         sub = subscribe()
-        good = codec.batch([Record(1, np.zeros(2)), Record(2, None)])
+        good = batch_codec.batch([Record(1, np.zeros(2)), Record(2, None)])
         bad = Batch([["record", "not an int", None]])
         await pub.send(bad)
         await pub.send(good)

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from pipeline import codec
+from pipeline import batch_codec, codec
 from pipeline.bus import Bus, TopicSpec
 from pipeline.messages import SCHEMA_VERSION, Batch, ControlReply, Credit, Hello, Join, Record
 from pipeline.sockets import SocketFactory
@@ -636,10 +636,10 @@ def test_garbage_control_messages_do_not_disturb_a_reliable_publisher(tmp_path):
 def test_a_batch_round_trips_its_messages_in_order_with_their_arrays():
     big = np.arange(codec.INLINE_MAX, dtype=np.uint8)  # a framed array among inline ones
     msgs = [Record(1, np.arange(3.0)), Record(2, big), Record(3, None)]
-    frames = codec.encode(codec.batch(msgs), "source.0~0", 9)
+    frames = codec.encode(batch_codec.batch(msgs), "source.0~0", 9)
     assert len(frames) == 2
     envelope = codec.decode(frames)
-    items = codec.unbatch(envelope)
+    items = batch_codec.unbatch(envelope)
     assert [e.kind for e in items] == ["record"] * 3
     assert [(e.sender, e.seq) for e in items] == [("source.0~0", 9)] * 3
     for got, want in zip(items, msgs, strict=True):
@@ -662,9 +662,9 @@ def test_a_batch_round_trips_its_messages_in_order_with_their_arrays():
 def test_a_batch_with_a_bad_item_is_refused_with_a_reason(items, reason):
     envelope = codec.decode(codec.encode(Batch(items), "source.0~0", 1))
     with pytest.raises(codec.ProtocolError, match=re.escape(reason)):
-        codec.unbatch(envelope)
+        batch_codec.unbatch(envelope)
 
 
 def test_a_batch_cannot_hold_a_batch():
     with pytest.raises(TypeError, match="a batch cannot hold a batch"):
-        codec.batch([codec.batch([Record(1, None)])])
+        batch_codec.batch([batch_codec.batch([Record(1, None)])])
