@@ -126,50 +126,54 @@ async def _subscribe(endpoint: str, size: int, many: bool = False) -> dict:
         bus.close()
 
 
+class _Tally:
+    """Messages received and the clock over them: the rate counts from the first message
+    after the warm-up to the last one."""
+
+    def __init__(self, size: int):
+        self.size, self.received, self.usage = size, 0, None
+        self.start, self.start_count, self.last = None, None, None
+
+    def take(self, envelopes) -> bool:
+        """Count ``envelopes`` (checked); False once the end marker came (it comes last)."""
+        self.usage = self.usage or _Usage()
+        for envelope in envelopes:
+            msg = envelope.message
+            if msg.origin < 0:
+                return False
+            if msg.data.nbytes != self.size:
+                raise RuntimeError(f"payload of {msg.data.nbytes} bytes, expected {self.size}")
+            self.received += 1
+        self.last = time.perf_counter()
+        if self.start is None:
+            self.start = self.last + WARMUP_S
+        elif self.start_count is None and self.last >= self.start:
+            self.start, self.start_count = self.last, self.received
+        return True
+
+    def result(self) -> dict:
+        counted = self.start_count is not None
+        return {"received": self.received,
+                "count": self.received - (self.start_count or self.received),
+                "elapsed": (self.last - self.start) if counted else 0.0,
+                **self.usage.since(self.received)}
+
+
 async def _take_each(sub, size: int) -> dict:
     """Messages one ``recv`` at a time (``async for``) until the end marker."""
-    received, start, start_count, last = 0, None, 0, None
-    usage = None
+    tally = _Tally(size)
     async for envelope in sub:
-        usage = usage or _Usage()
-        msg = envelope.message
-        if msg.origin < 0:
+        if not tally.take((envelope,)):
             break
-        if msg.data.nbytes != size:
-            raise RuntimeError(f"payload of {msg.data.nbytes} bytes, expected {size}")
-        received += 1
-        last = time.perf_counter()
-        if start is None:
-            start, start_count = last + WARMUP_S, None
-        elif start_count is None and last >= start:
-            start, start_count = last, received
-    return {"received": received, "count": received - (start_count or received),
-            "elapsed": (last - start) if start_count else 0.0, **usage.since(received)}
+    return tally.result()
 
 
 async def _take_many(sub, size: int) -> dict:
     """``--recv-many``: every message already here per call (a sent batch as one list)."""
-    received, start, start_count, last = 0, None, 0, None
-    usage = None
-    while envelopes := await sub.recv_many():
-        usage = usage or _Usage()
-        for envelope in envelopes:
-            msg = envelope.message
-            if msg.origin < 0:
-                break
-            if msg.data.nbytes != size:
-                raise RuntimeError(f"payload of {msg.data.nbytes} bytes, expected {size}")
-            received += 1
-        else:
-            last = time.perf_counter()
-            if start is None:
-                start, start_count = last + WARMUP_S, None
-            elif start_count is None and last >= start:
-                start, start_count = last, received
-            continue
-        break  # the end marker (it comes last)
-    return {"received": received, "count": received - (start_count or received),
-            "elapsed": (last - start) if start_count else 0.0, **usage.since(received)}
+    tally = _Tally(size)
+    while (envelopes := await sub.recv_many()) and tally.take(envelopes):
+        pass
+    return tally.result()
 
 
 def _ours_role(role: str, endpoint: str, size: int, seconds: float, conn, profile: str | None,
