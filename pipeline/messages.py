@@ -52,8 +52,10 @@ def _set_fields_directly(cls) -> None:
                    for f in fields)):
         return
     names = [f.name for f in fields]
-    source = (f"def __init__(self, {', '.join(names)}):\n    state = self.__dict__\n"
-              + "".join(f"    state[{name!r}] = {name}\n" for name in names))
+    if {"_self_", "_state_"} & set(names):  # the generated function's own names
+        return
+    source = (f"def __init__(_self_, {', '.join(names)}):\n    _state_ = _self_.__dict__\n"
+              + "".join(f"    _state_[{name!r}] = {name}\n" for name in names))
     namespace: dict = {}
     exec(source, namespace)  # dataclass field names are identifiers
     init, generated = namespace["__init__"], cls.__init__

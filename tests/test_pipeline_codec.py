@@ -683,13 +683,19 @@ def test_a_message_is_built_by_filling_its_dict_with_the_dataclass_signature():
         b: str = "x"
         c: float | None = None
 
+    @message("test_field_names_init")
+    class Named:  # fields named like the parameters and locals a generated __init__ might use
+        self: int
+        state: str
+
     @message("test_factory_init")
     class Factory:
         a: int
         b: list = dataclasses.field(default_factory=list)
 
-    assert "state" in Fast.__init__.__code__.co_varnames  # the generated one
-    assert "state" not in Factory.__init__.__code__.co_varnames  # the dataclass's own
+    assert "_state_" in Fast.__init__.__code__.co_varnames  # the generated one
+    assert "_state_" not in Factory.__init__.__code__.co_varnames  # the dataclass's own
+    assert Named(1, "s").__dict__ == {"self": 1, "state": "s"} == Named(self=1, state="s").__dict__
     assert Fast(1) == Fast(a=1, b="x", c=None) and Fast(1, "y", 2).c == 2
     assert Fast(1).__dict__ == {"a": 1, "b": "x", "c": None}
     assert Factory(1).b == [] and Factory(1).b is not Factory(1).b
