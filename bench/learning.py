@@ -2,6 +2,7 @@
 
     python bench/learning.py ALGO ENV [--seed N] [--threads N] [--no-sb3]
     python bench/learning.py ALGO ENV --graph graphs/<graph>.yaml    # through the graph
+    # --seed N with --graph: every node seed of the graph plus N (0: the graph as written)
 
 Both runs use the hyperparameters of ``algorithms.presets`` (mapped onto SB3's names), or for
 MinAtar those of ``MINATAR_PRESETS`` below (the graph's, checked against the graph file), the same
@@ -104,10 +105,11 @@ def run_ours(p: Preset, seed: int, threads: int) -> dict:
             "total_env_steps": r.env_steps, "total_seconds": round(r.train_seconds, 2)}
 
 
-def run_graph(graph: str, p: Preset, threads: int) -> dict:
+def run_graph(graph: str, p: Preset, threads: int, seed: int = 0) -> dict:
     """Train through the multi-process graph (``python run.py GRAPH``), stopping at the first
     evaluation that reaches the threshold. Seconds run from the launch of ``run.py`` to that
-    evaluation (the evaluator works in its own process, so no time is left out)."""
+    evaluation (the evaluator works in its own process, so no time is left out). ``seed`` is
+    added to every node's seed (:func:`seed_overrides`)."""
     import subprocess
     import tempfile
 
@@ -117,6 +119,7 @@ def run_graph(graph: str, p: Preset, threads: int) -> dict:
         cmd = [sys.executable, str(root / "run.py"), "run", graph, "--run-dir", run_dir,
                "--quiet", "--set", f"nodes.evaluator.config.stop_at_return={p.threshold}",
                "--set", f"nodes.learner.config.num_threads={threads}"]
+        cmd += seed_overrides(graph, seed)
         t0 = time.time()
         code = subprocess.run(cmd, cwd=root).returncode
         wall = time.time() - t0
@@ -356,6 +359,21 @@ def run_sb3(p: Preset, seed: int, threads: int, launched_at: float | None = None
             "total_env_steps": model.num_timesteps, "total_seconds": round(total, 2)}
 
 
+def seed_overrides(graph: str, offset: int) -> list[str]:
+    """``--set`` arguments adding ``offset`` to the seed of every node of ``graph`` whose
+    config has one (env runner, unroller, learner, replay store, evaluator...): ``--seed N``
+    is a different run of the same graph, and ``--seed 0`` the graph as written."""
+    import nodes  # noqa: F401  (registers the node kinds the graph names)
+    from pipeline.graph import load
+
+    out = []
+    for name, config in load(graph).configs.items():
+        seed = getattr(config, "seed", None)
+        if offset and isinstance(seed, int):
+            out += ["--set", f"nodes.{name}.config.seed={seed + offset}"]
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("algo")
@@ -376,7 +394,7 @@ def main(argv=None) -> int:
         print(json.dumps(run_sb3(p, args.seed, args.threads, args.sb3_launched_at)))
         return 0
     print(f"task {args.algo} {args.env}: threshold {p.threshold} within {p.budget} env steps")
-    ours = run_graph(args.graph, p, args.threads) if args.graph else \
+    ours = run_graph(args.graph, p, args.threads, args.seed) if args.graph else \
         run_ours(p, args.seed, args.threads)
     print(f"conduit: reached={ours['reached']} env_steps={ours['env_steps']} "
           f"seconds={ours['seconds']} best_return={ours['best_return']:.1f}")
