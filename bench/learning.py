@@ -15,7 +15,9 @@ With ``--graph``, both clocks start when a process is launched: the graph's at t
 ``run.py`` (graph validation, imports, the fork server, every node's start-up included), SB3's at
 the launch of a fresh Python process that imports SB3, builds the model and trains (its
 evaluation time is still excluded, although it stops SB3's training while the graph evaluates
-in parallel).
+in parallel). SB3 then evaluates as often as the graph's evaluator (its ``eval_interval``; the
+preset's otherwise), so that neither side reaches the threshold sooner for being evaluated more
+often.
 
 MinAtar (``python bench/learning.py dqn MinAtar/Breakout --graph graphs/dqn_minatar.yaml``; the
 ``-v1`` suffix may be left out): SB3 trains on the same environment class as the graph (uint8
@@ -303,12 +305,15 @@ def _sb3_model(p: Preset, env, seed: int):
     raise ValueError(p.algo)
 
 
-def run_sb3_process(algo: str, env: str, seed: int, threads: int) -> dict | None:
+def run_sb3_process(algo: str, env: str, seed: int, threads: int,
+                    eval_interval: int | None = None) -> dict | None:
     """SB3 in a fresh process, its clock started at the launch (see the module docstring)."""
     import subprocess
 
     cmd = [sys.executable, __file__, algo, env, "--seed", str(seed), "--threads", str(threads),
            "--sb3-launched-at", repr(time.time())]
+    if eval_interval:
+        cmd += ["--sb3-eval-interval", str(eval_interval)]
     out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
     lines = out.strip().splitlines()
     for line in lines[:-1]:
@@ -316,7 +321,8 @@ def run_sb3_process(algo: str, env: str, seed: int, threads: int) -> dict | None
     return json.loads(lines[-1])
 
 
-def run_sb3(p: Preset, seed: int, threads: int, launched_at: float | None = None) -> dict | None:
+def run_sb3(p: Preset, seed: int, threads: int, launched_at: float | None = None,
+            eval_interval: int | None = None) -> dict | None:
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
 
@@ -327,7 +333,7 @@ def run_sb3(p: Preset, seed: int, threads: int, launched_at: float | None = None
     model = _sb3_model(p, env, seed)
     if model is None:
         return None
-    interval = p.trainer.get("eval_interval", 5000)
+    interval = eval_interval or p.trainer.get("eval_interval", 5000)
     state = {"next": interval, "eval_time": 0.0, "evals": [], "reached": None}
     # perf_counter has no epoch: shift the launch time into its frame.
     t_start = time.perf_counter() - (time.time() - launched_at if launched_at else 0.0)
@@ -359,6 +365,16 @@ def run_sb3(p: Preset, seed: int, threads: int, launched_at: float | None = None
             "total_env_steps": model.num_timesteps, "total_seconds": round(total, 2)}
 
 
+def graph_eval_interval(graph: str) -> int | None:
+    """How often the graph's evaluator evaluates (env steps): SB3 then evaluates as often, so
+    neither side sees the threshold sooner for being looked at more often."""
+    import nodes  # noqa: F401  (registers the node kinds the graph names)
+    from pipeline.graph import load
+
+    return next((config.eval_interval for config in load(graph).configs.values()
+                 if isinstance(getattr(config, "eval_interval", None), int)), None)
+
+
 def seed_overrides(graph: str, offset: int) -> list[str]:
     """``--set`` arguments adding ``offset`` to the seed of every node of ``graph`` whose
     config has one (env runner, unroller, learner, replay store, evaluator...): ``--seed N``
@@ -386,12 +402,14 @@ def main(argv=None) -> int:
     ap.add_argument("--graph", help="train through this graph (run.py) instead of the "
                     "single-process reference trainer")
     ap.add_argument("--sb3-launched-at", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--sb3-eval-interval", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     p = preset(args.algo, args.env)
     if args.graph and p.env_id.startswith("MinAtar/"):
         check_graph(args.graph, p)
     if args.sb3_launched_at is not None:  # the SB3 side of --graph, in its own process
-        print(json.dumps(run_sb3(p, args.seed, args.threads, args.sb3_launched_at)))
+        print(json.dumps(run_sb3(p, args.seed, args.threads, args.sb3_launched_at,
+                                 args.sb3_eval_interval)))
         return 0
     print(f"task {args.algo} {args.env}: threshold {p.threshold} within {p.budget} env steps")
     ours = run_graph(args.graph, p, args.threads, args.seed) if args.graph else \
@@ -401,7 +419,8 @@ def main(argv=None) -> int:
     if args.no_sb3:
         sb3 = None
     elif args.graph:
-        sb3 = run_sb3_process(args.algo, args.env, args.seed, args.threads)
+        sb3 = run_sb3_process(args.algo, args.env, args.seed, args.threads,
+                              graph_eval_interval(args.graph))
     else:
         sb3 = run_sb3(p, args.seed, args.threads)
     if sb3 is not None:

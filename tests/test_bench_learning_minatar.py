@@ -69,3 +69,8 @@ def test_seed_n_moves_every_seed_of_the_graph_by_n(bench):
     assert sets[::2] == ["--set"] * len(seeds)
     assert seeds == {"env_runner": "2", "unroller": "2", "replay_store": "2", "learner": "2",
                      "evaluator": "10002"}
+
+
+def test_sb3_evaluates_as_often_as_the_graphs_evaluator(bench):
+    assert bench.graph_eval_interval(str(ROOT / "graphs" / "dqn_cartpole.yaml")) == 1000
+    assert bench.graph_eval_interval(str(GRAPH)) == 25_000
