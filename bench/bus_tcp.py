@@ -33,9 +33,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.bus_throughput import Rate  # noqa: E402
+
 SIZES = {"4KiB": 4 << 10, "64KiB": 64 << 10, "1MiB": 1 << 20}
 TOPIC, HWM = "bench", 1000
-WARMUP_S = 0.2
 KINDS = ("ours", "ours+curve", "raw", "raw+curve")
 
 
@@ -52,26 +53,6 @@ def _use_keys(keys: dict | None, as_node: str) -> None:
 
     sockets.use_curve(curve.load(curve.launch_spec(keys["run_dir"], keys["publics"],
                                                    curve.node_key_name(as_node))))
-
-
-class _Rate:
-    """Messages after a warm-up / time from the warm-up to the last message."""
-
-    def __init__(self):
-        self.received, self.start, self.start_count, self.last = 0, None, None, None
-
-    def tick(self) -> None:
-        self.received += 1
-        self.last = time.perf_counter()
-        if self.start is None:
-            self.start = self.last + WARMUP_S
-        elif self.start_count is None and self.last >= self.start:
-            self.start, self.start_count = self.last, self.received
-
-    def result(self) -> dict:
-        count = self.received - (self.start_count or self.received)
-        elapsed = (self.last - self.start) if self.start_count else 0.0
-        return {"received": self.received, "rate": count / elapsed if elapsed else 0.0}
 
 
 async def _publish(endpoint: str, size: int, seconds: float) -> dict:
@@ -105,7 +86,7 @@ async def _subscribe(endpoint: str, size: int) -> dict:
     try:
         bus.set_peers({TOPIC: [endpoint]}, {})
         sub = bus.subscriber(TOPIC)
-        rate = _Rate()
+        rate = Rate()
         async for envelope in sub:
             if envelope.message.origin < 0:
                 break
@@ -161,7 +142,7 @@ def _raw(role: str, endpoint: str, size: int, seconds: float, keys, conn) -> Non
             sock.curve_publickey, sock.curve_secretkey = keys["server"]
         sock.rcvtimeo = 30_000
         sock.bind(endpoint)
-        rate = _Rate()
+        rate = Rate()
         while True:
             frame = sock.recv(copy=False)
             if len(frame) == 0:

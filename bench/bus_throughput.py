@@ -126,37 +126,52 @@ async def _subscribe(endpoint: str, size: int, many: bool = False) -> dict:
         bus.close()
 
 
-class _Tally:
-    """Messages received and the clock over them: the rate counts from the first message
-    after the warm-up to the last one."""
+class Rate:
+    """Messages received after a warm-up / time from the warm-up to the last one (also used
+    by ``bench/bus_tcp.py``)."""
 
-    def __init__(self, size: int):
-        self.size, self.received, self.usage = size, 0, None
-        self.start, self.start_count, self.last = None, None, None
+    def __init__(self):
+        self.received, self.start, self.start_count, self.last = 0, None, None, None
 
-    def take(self, envelopes) -> bool:
-        """Count ``envelopes`` (checked); False once the end marker came (it comes last)."""
-        self.usage = self.usage or _Usage()
-        for envelope in envelopes:
-            msg = envelope.message
-            if msg.origin < 0:
-                return False
-            if msg.data.nbytes != self.size:
-                raise RuntimeError(f"payload of {msg.data.nbytes} bytes, expected {self.size}")
-            self.received += 1
+    def tick(self, count: int = 1) -> None:
+        self.received += count
         self.last = time.perf_counter()
         if self.start is None:
             self.start = self.last + WARMUP_S
         elif self.start_count is None and self.last >= self.start:
             self.start, self.start_count = self.last, self.received
+
+    def result(self) -> dict:
+        count = self.received - (self.start_count or self.received)
+        elapsed = (self.last - self.start) if self.start_count else 0.0
+        return {"received": self.received, "count": count, "elapsed": elapsed,
+                "rate": count / elapsed if elapsed else 0.0}
+
+
+class _Tally(Rate):
+    """:class:`Rate` over checked ``Record``s of one payload size, and the CPU spent."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size, self.usage = size, None
+
+    def take(self, envelopes) -> bool:
+        """Count ``envelopes`` (checked); False once the end marker came (it comes last)."""
+        self.usage = self.usage or _Usage()
+        count = 0
+        for envelope in envelopes:
+            msg = envelope.message
+            if msg.origin < 0:
+                self.received += count
+                return False
+            if msg.data.nbytes != self.size:
+                raise RuntimeError(f"payload of {msg.data.nbytes} bytes, expected {self.size}")
+            count += 1
+        self.tick(count)
         return True
 
     def result(self) -> dict:
-        counted = self.start_count is not None
-        return {"received": self.received,
-                "count": self.received - (self.start_count or self.received),
-                "elapsed": (self.last - self.start) if counted else 0.0,
-                **self.usage.since(self.received)}
+        return {**super().result(), **self.usage.since(self.received)}
 
 
 async def _take_each(sub, size: int) -> dict:
