@@ -198,11 +198,13 @@ class ReliablePublisher:
             self.tap.mirror(self.topic, frames)
 
     async def send_many(self, msgs, key: int | None = None) -> None:
-        """Queue ``msgs`` as one :class:`~pipeline.messages.Batch`: delivered, acknowledged and
-        redelivered whole, handed out one by one by a :class:`ReliableSubscriber`, in order.
-        Nothing is sent for an empty list."""
-        if msgs:
-            await self.send(batch_codec.batch(msgs), key)
+        """Queue ``msgs`` in order, each run of small ones as one
+        :class:`~pipeline.messages.Batch`: delivered, acknowledged and redelivered whole,
+        handed out one by one by a :class:`ReliableSubscriber`. A message with a large array
+        goes on its own (:func:`~pipeline.batch_codec.wire_messages`). Nothing is sent for an
+        empty list."""
+        for msg in batch_codec.wire_messages(msgs):
+            await self.send(msg, key)
 
     async def _wait_for_space(self) -> None:
         started = time.perf_counter()

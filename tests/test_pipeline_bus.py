@@ -476,7 +476,7 @@ async def _send_many(tmp_path) -> None:
     async with _publisher_and_member(tmp_path, topics) as (ctx, pub, raw):
         sub_bus = Bus("sink.1~0", "sink", topics, {}, {}, sockets=SocketFactory(ctx))
         try:
-            big = np.arange(codec.INLINE_MAX)  # framed, the rest inline
+            big = np.arange(codec.INLINE_MAX // 16)  # inline, as every array of a batch
             batches = [[Record(10 * b + i, big if i == 2 else np.full(3, 10 * b + i))
                         for i in range(5)] for b in range(3)]
             for msgs in batches:
@@ -515,6 +515,28 @@ async def _send_many(tmp_path) -> None:
 @pytest.mark.timeout(60)
 def test_send_many_is_one_message_on_the_wire_and_many_for_the_subscriber(tmp_path):
     asyncio.run(asyncio.wait_for(_send_many(tmp_path), 30))
+
+
+async def _send_many_large(tmp_path) -> None:
+    async with _publisher_and_sink(tmp_path) as (pub, subscribe, raw):
+        sub = subscribe()
+        large = np.arange(codec.INLINE_MAX, dtype=np.uint8)  # its own frame
+        msgs = [Record(1, None), Record(2, np.zeros(3)), Record(3, large), Record(4, None),
+                Record(5, large), Record(6, None), Record(7, np.ones(2))]
+        await pub.send_many(msgs)
+        # [1, 2] as a batch, 3 alone, 4 alone, 5 alone, [6, 7] as a batch
+        assert pub.stats.sent == 5
+        got = []
+        while len(got) < len(msgs):
+            got += await asyncio.wait_for(sub.recv_many(), 5)
+        assert [e.message.origin for e in got] == [1, 2, 3, 4, 5, 6, 7]
+        np.testing.assert_array_equal(got[4].message.data, large)
+        assert sub.stats.gaps == 0 and sub.stats.malformed == 0
+
+
+@pytest.mark.timeout(60)
+def test_send_many_sends_a_message_with_a_large_array_on_its_own_in_order(tmp_path):
+    asyncio.run(asyncio.wait_for(_send_many_large(tmp_path), 30))
 
 
 async def _recv_many(tmp_path) -> None:
