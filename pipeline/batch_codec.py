@@ -1,8 +1,9 @@
 """Several messages as one :class:`~pipeline.messages.Batch` on the wire, and back.
 
-``batch`` turns messages into ``[kind, *field values]`` items; the batch is then encoded as any
-message (one header, one msgpack body, one array table for all items). ``unbatch`` turns a
-decoded batch back into one :class:`~pipeline.codec.Envelope` per item, each checked as
+``wire_messages`` turns runs of small messages into ``[kind, *field values]`` items of one
+batch; the batch is then encoded as any message (one header, one msgpack body, one array table
+for all items). ``unbatch`` turns a decoded batch back into one
+:class:`~pipeline.codec.Envelope` per item, each checked as
 :func:`pipeline.codec.decode` checks a message: the kind is known, the item has one value per
 field, and simply typed fields hold their type. A bad item refuses the whole batch.
 
@@ -31,21 +32,6 @@ from pipeline.messages import WIRE_KINDS, Batch
 
 _UNPACKERS: dict[type, object] = {}  # message class -> its generated item loop
 _SMALL_TYPES = frozenset({int, float, str, bool, type(None)})  # never an array
-
-
-def batch(msgs) -> Batch:
-    """Several messages as one :class:`~pipeline.messages.Batch` (``send_many``)."""
-    items: list = []
-    append, last = items.append, None
-    for msg in msgs:
-        cls = type(msg)
-        if cls is not last:
-            kind = _KINDS.get(cls) or _kind_of(cls)
-            if kind.name == Batch.KIND:
-                raise TypeError("a batch cannot hold a batch")
-            last, name, values = cls, kind.name, kind.values
-        append([name, *values(msg)])
-    return Batch(items)
 
 
 def wire_messages(msgs) -> list:

@@ -89,7 +89,7 @@ class Batch(Message):
     """Several messages published as one (``ReliablePublisher.send_many``): one sequence number,
     one credit, one acknowledgement, redelivered whole if its consumer goes away. A reliable
     subscriber hands the items out one by one and acknowledges the batch once it is asked past
-    the last. ``items``: ``[kind, *field values]`` per message (:func:`pipeline.batch_codec.batch`).
+    the last. ``items``: ``[kind, *field values]`` per message (:func:`pipeline.batch_codec.wire_messages`).
     Why: small messages cost a Python encode, decode and bookkeeping each; a batch pays them
     once for all its items."""
 

@@ -583,7 +583,7 @@ def test_recv_many_hands_out_what_is_here_and_acknowledges_on_the_next_call(tmp_
 async def _bad_batch_item(tmp_path) -> None:
     async with _publisher_and_sink(tmp_path) as (pub, subscribe, raw):
         sub = subscribe()
-        good = batch_codec.batch([Record(1, np.zeros(2)), Record(2, None)])
+        [good] = batch_codec.wire_messages([Record(1, np.zeros(2)), Record(2, None)])
         bad = Batch([["record", "not an int", None]])
         await pub.send(bad)
         await pub.send(good)

@@ -636,7 +636,8 @@ def test_garbage_control_messages_do_not_disturb_a_reliable_publisher(tmp_path):
 def test_a_batch_round_trips_its_messages_in_order_with_their_arrays():
     big = np.arange(codec.INLINE_MAX, dtype=np.uint8)  # a framed array among inline ones
     msgs = [Record(1, np.arange(3.0)), Record(2, big), Record(3, None)]
-    frames = codec.encode(batch_codec.batch(msgs), "source.0~0", 9)
+    # as wire_messages would batch them, framed array included (send_many sends that alone)
+    frames = codec.encode(Batch([["record", m.origin, m.data] for m in msgs]), "source.0~0", 9)
     assert len(frames) == 2
     envelope = codec.decode(frames)
     items = batch_codec.unbatch(envelope)
@@ -667,7 +668,7 @@ def test_a_batch_with_a_bad_item_is_refused_with_a_reason(items, reason):
 
 def test_a_batch_cannot_hold_a_batch():
     with pytest.raises(TypeError, match="a batch cannot hold a batch"):
-        batch_codec.batch([batch_codec.batch([Record(1, None)])])
+        batch_codec.wire_messages([Batch([["record", 1, None]])])
 
 
 def test_a_message_is_built_by_filling_its_dict_with_the_dataclass_signature():
