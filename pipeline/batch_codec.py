@@ -68,11 +68,26 @@ def wire_messages(msgs) -> list:
     return out
 
 
+def has_large_array(msg) -> bool:
+    """Whether a field of ``msg`` holds an array of ``INLINE_MAX`` bytes or more (it travels
+    on its own: see :func:`wire_messages`)."""
+    kind = _KINDS.get(type(msg)) or _kind_of(type(msg))
+    limit, small = codec.INLINE_MAX, _SMALL_TYPES
+    return any(type(value) not in small and getattr(value, "nbytes", 0) >= limit
+               for value in kind.values(msg))
+
+
 def _close_run(items: list, first, out: list) -> None:
     if len(items) > 1:
         out.append(Batch(items))
     elif items:
         out.append(first)
+
+
+def messages_of(envelope: Envelope) -> list[Envelope]:
+    """The envelope itself, or a batch's items (for readers of a topic's tap, which mirrors
+    what goes on the wire)."""
+    return unbatch(envelope) if envelope.kind == Batch.KIND else [envelope]
 
 
 def unbatch(envelope: Envelope) -> list[Envelope]:

@@ -61,6 +61,7 @@ class Bus:
         self.sockets = sockets or SocketFactory()
         self.publishers: dict[str, ReliablePublisher | BroadcastPublisher] = {}
         self._reliable: list[ReliablePublisher] = []  # the reliable ones, for watermark()
+        self._coalescing: list[ReliablePublisher] = []  # those of coalescing topics
         self.subscribers: dict[str, ReliableSubscriber | BroadcastSubscriber] = {}
         self.servers: dict[str, ServiceServer] = {}
         self.clients: dict[str, ServiceClient] = {}
@@ -74,8 +75,11 @@ class Bus:
             endpoint = self._bind_endpoint(topic)
             if spec.delivery == RELIABLE:
                 pub = ReliablePublisher(self, topic, endpoint, spec.hwm,
-                                        self.consumer_groups.get(topic, []), spec.hwm_bytes)
+                                        self.consumer_groups.get(topic, []), spec.hwm_bytes,
+                                        spec.coalesce)
                 self._reliable.append(pub)
+                if spec.coalesce:
+                    self._coalescing.append(pub)
             else:
                 pub = BroadcastPublisher(self, topic, endpoint, spec.hwm, spec.delivery)
             self.publishers[topic] = pub
@@ -120,6 +124,8 @@ class Bus:
         once each of those publishers completed through ``seq``."""
         if not self._reliable:
             return ()
+        for pub in self._coalescing:  # what they hold counts as published
+            pub.release_held()
         return tuple((pub, pub.seq) for pub in self._reliable if pub.completed_through < pub.seq)
 
     def hold_acks(self, gate) -> None:

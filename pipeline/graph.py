@@ -26,7 +26,7 @@ NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 RESTART_POLICIES = ("always", "on-failure", "never")
 
 TOP_KEYS = {"name", "description", "topics", "services", "nodes", "run"}
-TOPIC_KEYS = {"delivery", "hwm", "hwm_bytes", "partitioned"}
+TOPIC_KEYS = {"delivery", "hwm", "hwm_bytes", "partitioned", "coalesce"}
 MAX_REPLICAS = 64  # per node: each replica is a process on this machine
 IPC_PATH_MAX = 107  # bytes in a unix socket path (sun_path, with its NUL)
 # Room an ipc endpoint needs besides the node and topic names: the socket directory (the temp
@@ -79,6 +79,9 @@ class TopicDecl:
     # message goes to replica ``key % replicas`` only (sharded replay: an environment's steps
     # always land in one shard). Consumers with one replica, and other nodes, get everything.
     partitioned: bool = False
+    # Small unkeyed messages a node sends in one turn of its loop go as one batch (fewer
+    # encodes, counters and acknowledgements: many small messages at the rate of a few).
+    coalesce: bool = False
 
 
 @dataclass(frozen=True)
@@ -255,7 +258,11 @@ def _validate(data: dict, lines: Lines) -> Graph:
         if partitioned and delivery != RELIABLE:
             raise lines.error((*path, "partitioned"), f"only reliable topics have consumer "
                               f"groups to partition; a {delivery} topic goes to every subscriber")
-        topics[tname] = TopicDecl(tname, delivery, hwm, hwm_bytes, partitioned)
+        coalesce = _typed(tspec.get("coalesce", False), bool, (*path, "coalesce"), lines)
+        if coalesce and delivery != RELIABLE:
+            raise lines.error((*path, "coalesce"), f"only reliable topics batch what they "
+                              f"send; a {delivery} topic sends each message as it comes")
+        topics[tname] = TopicDecl(tname, delivery, hwm, hwm_bytes, partitioned, coalesce)
 
     raw_nodes = _require_mapping(data.get("nodes"), ("nodes",), lines)
     if not raw_nodes:

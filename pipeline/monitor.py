@@ -14,7 +14,7 @@ import time
 import numpy as np
 import zmq
 
-from pipeline import codec, curve
+from pipeline import batch_codec, codec, curve
 
 
 def monitor(run_dir: str, topics: list[str], interval: float, count: int, control) -> int:
@@ -95,13 +95,14 @@ def _tail_topics(status: dict, topics: list[str], count: int) -> int:
         while not count or seen < count:
             frames = sock.recv_multipart()
             try:
-                env = codec.decode(frames[1:])
+                envs = batch_codec.messages_of(codec.decode(frames[1:]))
             except codec.ProtocolError as exc:
                 print(f"{frames[0].decode(errors='replace')}: malformed: {exc}")
                 continue
-            print(f"{frames[0].decode()} {env.sender} #{env.seq} {describe(env.message)}",
-                  flush=True)
-            seen += 1
+            for env in envs[:count - seen] if count else envs:
+                print(f"{frames[0].decode()} {env.sender} #{env.seq} {describe(env.message)}",
+                      flush=True)
+                seen += 1
     except KeyboardInterrupt:
         pass
     finally:

@@ -33,7 +33,7 @@ import zmq
 from pipeline import batch_codec, codec
 from pipeline.broadcast import Tap
 from pipeline.channel import Channel
-from pipeline.messages import Credit, Join, Leave, LeaveAck
+from pipeline.messages import Batch, Credit, Join, Leave, LeaveAck
 from pipeline.sockets import bind, tap_endpoint
 from pipeline.topics import HWM_BYTES, TopicStats, partition_of
 
@@ -52,6 +52,7 @@ _HEAD = struct.Struct("<cQ")
 # acknowledgements stay per message; a batch only saves the sends, receives and wake-ups.
 _BATCH_HEAD = struct.Struct("<cQI")
 BATCH_MAX = 64  # messages per batch
+COALESCE_MAX = 64  # messages a coalescing publisher holds at most before it batches them
 BATCH_BYTES = 4 << 20  # a batch stops growing once its messages reach this many bytes
 # Bytes in flight per subscriber connection (besides the message window): bounds the memory a
 # slow consumer of large messages pins on both sides, and keeps it small enough to stay cached.
@@ -125,8 +126,13 @@ class ReliablePublisher:
     """Publishes ``topic`` to every consumer group with credit-based flow control."""
 
     def __init__(self, bus: Bus, topic: str, endpoint: str, hwm: int, groups: list[str],
-                 hwm_bytes: int = HWM_BYTES):
+                 hwm_bytes: int = HWM_BYTES, coalesce: bool = False):
         self.topic, self.hwm, self.hwm_bytes, self.bus = topic, hwm, hwm_bytes, bus
+        # coalesce: small unkeyed messages sent in one turn of the loop go as one batch (see
+        # send); _held are those not yet released to the groups.
+        self.coalesce = coalesce
+        self._held: list = []
+        self._release_due = False
         self.stats = TopicStats()
         self.seq = 0
         self.groups = {g: _Group(g) for g in groups}
@@ -162,10 +168,43 @@ class ReliablePublisher:
         """Queue ``msg`` for every group; wait while any group's queue is at its bound.
 
         On a partitioned topic each consuming node's replicas split the messages: replica
-        ``key % replicas`` gets this one (unkeyed messages are dealt round-robin)."""
-        stats = self.stats
-        if stats.depth >= self.hwm or self.queued_bytes >= self.hwm_bytes:
+        ``key % replicas`` gets this one (unkeyed messages are dealt round-robin).
+
+        On a coalescing topic a small unkeyed message is held until the loop's turn ends (or
+        :data:`COALESCE_MAX` are held), then the held ones go as one batch, as ``send_many``
+        sends them: one encode, counter, credit and acknowledgement for all. Anything that
+        reads how far this publisher got (the watermark, ``flush``, ``pending``, a keyed or
+        large message after them) releases them first, so order and the end-to-end
+        acknowledgement are as without coalescing."""
+        if self.coalesce:
+            if key is None and type(msg) is not Batch and not batch_codec.has_large_array(msg):
+                held = self._held
+                held.append(msg)
+                if len(held) >= COALESCE_MAX:
+                    await self._wait_while_full()
+                    self.release_held()
+                elif not self._release_due:
+                    self._release_due = True
+                    asyncio.get_running_loop().call_soon(self.release_held)
+                return
+            self.release_held()
+        await self._wait_while_full()
+        self._enqueue(msg, key)
+
+    def release_held(self) -> None:
+        """Queue the messages a coalescing publisher holds, as one batch."""
+        self._release_due = False
+        if self._held:
+            held, self._held = self._held, []
+            for msg in batch_codec.wire_messages(held):
+                self._enqueue(msg, None)
+
+    async def _wait_while_full(self) -> None:
+        if self.stats.depth >= self.hwm or self.queued_bytes >= self.hwm_bytes:
             await self._wait_for_space()
+
+    def _enqueue(self, msg, key: int | None) -> None:
+        stats = self.stats
         self.seq = seq = self.seq + 1
         frames = codec.encode(msg, self.bus.instance, seq)
         targets = self._plain
@@ -203,8 +242,10 @@ class ReliablePublisher:
         handed out one by one by a :class:`ReliableSubscriber`. A message with a large array
         goes on its own (:func:`~pipeline.batch_codec.wire_messages`). Nothing is sent for an
         empty list."""
+        self.release_held()
         for msg in batch_codec.wire_messages(msgs):
-            await self.send(msg, key)
+            await self._wait_while_full()
+            self._enqueue(msg, key)
 
     async def _wait_for_space(self) -> None:
         started = time.perf_counter()
@@ -222,10 +263,12 @@ class ReliablePublisher:
         self.stats.depth = max([len(backlog) for backlog, _ in self._backlogs], default=0)
 
     def pending(self) -> int:
+        self.release_held()
         return sum(g.pending() for g in self.groups.values())
 
     async def flush(self, timeout: float | None = None) -> bool:
         """Wait until every group has acknowledged everything; False on timeout."""
+        self.release_held()
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.pending():
             self._drained.clear()
@@ -435,6 +478,7 @@ class ReliablePublisher:
             self._drained.set()
 
     def close(self) -> None:
+        self.release_held()
         if self._reaper is not None:
             self._reaper.cancel()
         # Tell members nothing more is coming, so a draining subscriber need not wait for us.

@@ -15,6 +15,7 @@ class TopicSpec:
     hwm: int = 1000  # messages a reliable group may queue
     hwm_bytes: int = HWM_BYTES  # bytes a reliable publisher may hold unacknowledged
     partitioned: bool = False  # each consumer replica its own group; keyed sends pick one
+    coalesce: bool = False  # small unkeyed sends of one loop turn go as one batch
 
 
 def partition_group(node: str, replica: int) -> str:

@@ -56,7 +56,8 @@ def make_launch(graph: Graph, node_name: str, replica: int, generation: int, run
         kind=kind or node.kind,
         config=dict(node.config if config is None else config),
         topics={t.name: {"delivery": t.delivery, "hwm": t.hwm, "hwm_bytes": t.hwm_bytes,
-                         "partitioned": t.partitioned} for t in graph.topics.values()},
+                         "partitioned": t.partitioned, "coalesce": t.coalesce}
+                for t in graph.topics.values()},
         bind=bind,
         consumer_groups={t: graph.consumer_groups(t) for t in node.publishes},
         run_dir=run_dir,

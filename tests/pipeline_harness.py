@@ -18,7 +18,7 @@ import time
 
 import zmq
 
-from pipeline import codec, curve
+from pipeline import batch_codec, codec, curve
 from pipeline.cli import control
 from pipeline.sockets import remove_socket_dir
 
@@ -80,9 +80,10 @@ class LiveRun:
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"no message on {topic} for {timeout_s}s")
                     continue
-                msg = codec.decode(sock.recv_multipart()[1:]).message
-                if predicate(msg):
-                    return msg
+                envelope = codec.decode(sock.recv_multipart()[1:])
+                for item in batch_codec.messages_of(envelope):  # a batch as its messages
+                    if predicate(item.message):
+                        return item.message
         finally:
             sock.close(linger=0)
 

@@ -580,6 +580,46 @@ def test_recv_many_hands_out_what_is_here_and_acknowledges_on_the_next_call(tmp_
     asyncio.run(asyncio.wait_for(_recv_many(tmp_path), 30))
 
 
+async def _coalesce(tmp_path) -> None:
+    """A coalescing topic: the small unkeyed messages of one loop turn go as one batch (at
+    most COALESCE_MAX), in order with keyed and large ones, and the watermark, ``pending`` and
+    ``flush`` see them as sent."""
+    topics = {"numbers": TopicSpec("reliable", 1000, coalesce=True)}
+    async with _publisher_and_sink(tmp_path, topics) as (pub, subscribe, raw):
+        sub = subscribe()
+        large = np.arange(codec.INLINE_MAX, dtype=np.uint8)
+        for origin in range(1, 101):
+            await pub.send(Record(origin, np.full(2, origin)))
+        assert pub.seq == 1  # the first 64 as one batch; 36 held
+        assert pub.bus.watermark() == ((pub, 2),)  # releases the 36 as a second batch
+        await pub.send(Record(101, None))  # held
+        await pub.send(Record(102, large))  # large: the held one goes first, then this
+        await pub.send(Record(103, None), key=0)  # keyed: alone
+        await pub.send(Record(104, None))
+        await pub.send(Record(105, None))
+        assert pub.seq == 5 and pub.stats.sent == 5
+        await asyncio.sleep(0)  # the end of this turn of the loop releases 104 and 105
+        assert pub.seq == 6 and pub.stats.sent == 6
+        got = []
+        while len(got) < 105:
+            got += await asyncio.wait_for(sub.recv_many(), 5)
+        assert [e.message.origin for e in got] == list(range(1, 106))
+        np.testing.assert_array_equal(got[101].message.data, large)
+        np.testing.assert_array_equal(got[63].message.data, np.full(2, 64))
+        await pub.send(Record(106, None))
+        assert pub.pending() >= 1  # counts the held one (released)
+        sub.leave()
+        assert [e.message.origin for e in await asyncio.wait_for(sub.recv_many(), 5)] == [106]
+        assert await asyncio.wait_for(sub.recv_many(), 5) == []
+        assert await pub.flush(5)
+        assert sub.stats.gaps == 0 and sub.stats.malformed == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_coalescing_topic_batches_one_turns_small_messages_in_order(tmp_path):
+    asyncio.run(asyncio.wait_for(_coalesce(tmp_path), 30))
+
+
 async def _bad_batch_item(tmp_path) -> None:
     async with _publisher_and_sink(tmp_path) as (pub, subscribe, raw):
         sub = subscribe()

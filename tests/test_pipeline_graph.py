@@ -86,7 +86,12 @@ CASES = [
     ("bad-topic-name", edit("topics:\n", "topics:\n  'my topic': {delivery: lossy}\n"), (),
      3, "topics.my topic", "names use letters"),
     ("unknown-topic-key", edit("hwm: 100}", "hwm: 100, color: red}"), (), 3,
-     "topics.numbers.color", "unknown key (allowed: delivery, hwm, hwm_bytes, partitioned)"),
+     "topics.numbers.color",
+     "unknown key (allowed: coalesce, delivery, hwm, hwm_bytes, partitioned)"),
+    ("coalesce-not-bool", edit("hwm: 100}", "hwm: 100, coalesce: 3}"), (), 3,
+     "topics.numbers.coalesce", "expected"),
+    ("coalesce-lossy", edit("delivery: reliable, hwm: 100}", "delivery: lossy, coalesce: true}"),
+     (), 3, "topics.numbers.coalesce", "only reliable topics batch what they send"),
     ("bad-delivery", edit("reliable", "sometimes"), (), 3, "topics.numbers.delivery",
      "must be one of reliable, latest, lossy, got 'sometimes'"),
     ("missing-delivery", edit("delivery: reliable, ", ""), (), 3, "topics.numbers.delivery",
@@ -534,13 +539,14 @@ def test_alias_bomb_fails_fast_and_small(tmp_path):
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 50_000  # KiB
 
 
-def test_hwm_bytes_reaches_the_launch():
+def test_hwm_bytes_and_coalesce_reach_the_launch():
     from pipeline import wiring
 
-    graph = graphlib.parse(edit("hwm: 100}", "hwm: 100, hwm_bytes: 4096}"), "g.yaml")
+    graph = graphlib.parse(edit("hwm: 100}", "hwm: 100, hwm_bytes: 4096, coalesce: true}"),
+                           "g.yaml")
     launch = wiring.make_launch(graph, "source", 0, 0, "/tmp/run", "/tmp/s", None)
     assert launch.topics["numbers"] == {"delivery": "reliable", "hwm": 100, "hwm_bytes": 4096,
-                                      "partitioned": False}
+                                      "partitioned": False, "coalesce": True}
     assert launch.calls == []
 
 
