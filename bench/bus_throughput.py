@@ -77,19 +77,20 @@ class _Usage:
 # --- ours ----------------------------------------------------------------------------------------
 
 
-def _topics():
+def _topics(coalesce: bool = False):
     from pipeline.bus import TopicSpec
 
-    return {TOPIC: TopicSpec("reliable", HWM)}
+    return {TOPIC: TopicSpec("reliable", HWM, coalesce=coalesce)}
 
 
-async def _publish(endpoint: str, size: int, seconds: float, many: int = 1) -> dict:
+async def _publish(endpoint: str, size: int, seconds: float, many: int = 1,
+                   coalesce: bool = False) -> dict:
     import numpy as np
 
     from pipeline.bus import Bus
     from pipeline.messages import Record
 
-    bus = Bus("source.0~0", "source", _topics(), {TOPIC: endpoint}, {TOPIC: ["sink"]})
+    bus = Bus("source.0~0", "source", _topics(coalesce), {TOPIC: endpoint}, {TOPIC: ["sink"]})
     try:
         pub = bus.publisher(TOPIC)
         payload = np.zeros(size, dtype=np.uint8)
@@ -192,7 +193,7 @@ async def _take_many(sub, size: int) -> dict:
 
 
 def _ours_role(role: str, endpoint: str, size: int, seconds: float, conn, profile: str | None,
-               many: int = 1, recv_many: bool = False):
+               many: int = 1, recv_many: bool = False, coalesce: bool = False):
     import uvloop
 
     from pipeline import gcpolicy
@@ -202,7 +203,7 @@ def _ours_role(role: str, endpoint: str, size: int, seconds: float, conn, profil
 
     def go():
         if role == "pub":
-            return uvloop.run(_publish(endpoint, size, seconds, many))
+            return uvloop.run(_publish(endpoint, size, seconds, many, coalesce))
         return uvloop.run(_subscribe(endpoint, size, recv_many))
 
     if profile:
@@ -420,7 +421,7 @@ def measure_rtt(kind: str, count: int) -> dict:
 
 
 def measure(kind: str, size: int, seconds: float, profile_dir: str | None = None,
-            many: int = 1, recv_many: bool = False) -> dict:
+            many: int = 1, recv_many: bool = False, coalesce: bool = False) -> dict:
     """One run: receiver and sender processes; returns messages/s and MB/s at the receiver."""
     ctx = mp.get_context("spawn")
     target = _ours_role if kind == "ours" else _raw_role
@@ -432,7 +433,7 @@ def measure(kind: str, size: int, seconds: float, profile_dir: str | None = None
     for role in ("sub", "pub"):
         parent, child = ctx.Pipe(duplex=False)
         prof = os.path.join(profile_dir, f"{role}-{size}.prof") if profile_dir else None
-        extra = (many, recv_many) if kind == "ours" else ()
+        extra = (many, recv_many, coalesce) if kind == "ours" else ()
         proc = ctx.Process(target=target, args=(role, endpoint, size, seconds, child, prof, *extra))
         proc.start()
         procs.append(proc)
@@ -496,6 +497,9 @@ def main(argv=None) -> int:
     parser.add_argument("--recv-many", action="store_true",
                         help="our subscriber takes every message already here per call "
                              "(recv_many) instead of one recv per message")
+    parser.add_argument("--coalesce", action="store_true",
+                        help="the topic coalesces (coalesce: true in a graph): one send per "
+                             "message, batched by the publisher per turn of its loop")
     parser.add_argument("--one-process", type=int, metavar="COUNT",
                         help="only send COUNT messages per size with both ends in this process "
                              "and print CPU µs per message (for callgrind)")
@@ -517,7 +521,7 @@ def main(argv=None) -> int:
         for _ in range(args.repeats):
             for kind in ("raw", "ours"):
                 result = measure(kind, size, args.seconds, many=args.send_many,
-                                 recv_many=args.recv_many) \
+                                 recv_many=args.recv_many, coalesce=args.coalesce) \
                     if kind == "ours" else measure_raw(kind, size, args.seconds)
                 if args.verbose:
                     print(f"{label} {kind}: {result['msgs_per_s']:,.0f} msg/s, CPU µs/msg "
@@ -533,6 +537,7 @@ def main(argv=None) -> int:
 
     how = f"send_many of {args.send_many}" if args.send_many > 1 else "one send per message"
     how += ", recv_many" if args.recv_many else ", one recv per message"
+    how += ", coalescing topic" if args.coalesce else ""
     print(f"reliable topic over ipc ({how}), {args.seconds:.1f}s per run, best of {args.repeats}; "
           f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
           f"Python {platform.python_version()}")

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from pipeline import codec
 from pipeline.codec import (
     _KINDS,
@@ -34,14 +36,15 @@ _UNPACKERS: dict[type, object] = {}  # message class -> its generated item loop
 _SMALL_TYPES = frozenset({int, float, str, bool, type(None)})  # never an array
 
 
-def wire_messages(msgs) -> list:
+def wire_messages(msgs, all_small: bool = False) -> list:
     """What ``send_many(msgs)`` puts on the wire, in order: each run of small messages as one
     :class:`~pipeline.messages.Batch` (a run of one as the message itself), and each message
     with an array of :data:`~pipeline.codec.INLINE_MAX` bytes or more in a field as itself.
 
     Why: batching pays per small message; an array that large travels as its own zero-copy
     frame anyway, and 64 messages of 64 KiB as one batch went at half the rate of sending them
-    one by one (they hold a quarter of the byte window each time)."""
+    one by one (they hold a quarter of the byte window each time). ``all_small``: the caller
+    checked already (:func:`has_large_array`)."""
     out: list = []
     items: list = []  # the current run of small messages, as batch items
     first = None  # its first message (a run of one is sent as itself)
@@ -54,7 +57,7 @@ def wire_messages(msgs) -> list:
                 raise TypeError("a batch cannot hold a batch")
             last, name, values = cls, kind.name, kind.values
         fields = values(msg)
-        for value in fields:
+        for value in () if all_small else fields:
             if type(value) not in small and getattr(value, "nbytes", 0) >= limit:
                 _close_run(items, first, out)
                 items, first = [], None
@@ -72,9 +75,16 @@ def has_large_array(msg) -> bool:
     """Whether a field of ``msg`` holds an array of ``INLINE_MAX`` bytes or more (it travels
     on its own: see :func:`wire_messages`)."""
     kind = _KINDS.get(type(msg)) or _kind_of(type(msg))
-    limit, small = codec.INLINE_MAX, _SMALL_TYPES
-    return any(type(value) not in small and getattr(value, "nbytes", 0) >= limit
-               for value in kind.values(msg))
+    for value in kind.values(msg):
+        kind_of_value = type(value)
+        if kind_of_value in _SMALL_TYPES:
+            continue
+        if kind_of_value is np.ndarray:
+            if value.nbytes >= codec.INLINE_MAX:
+                return True
+        elif getattr(value, "nbytes", 0) >= codec.INLINE_MAX:  # a tensor
+            return True
+    return False
 
 
 def _close_run(items: list, first, out: list) -> None:

@@ -196,7 +196,7 @@ class ReliablePublisher:
         self._release_due = False
         if self._held:
             held, self._held = self._held, []
-            for msg in batch_codec.wire_messages(held):
+            for msg in batch_codec.wire_messages(held, all_small=True):
                 self._enqueue(msg, None)
 
     async def _wait_while_full(self) -> None:
