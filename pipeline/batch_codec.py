@@ -15,8 +15,6 @@ same things up per item.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from pipeline import codec
@@ -27,10 +25,9 @@ from pipeline.codec import (
     _checked,
     _Kind,
     _kind_of,
-    _plain,
     _short,
 )
-from pipeline.messages import WIRE_KINDS, Batch
+from pipeline.messages import WIRE_KINDS, Batch, fills_its_dict
 
 _UNPACKERS: dict[type, object] = {}  # message class -> its generated item loop
 _SMALL_TYPES = frozenset({int, float, str, bool, type(None)})  # never an array
@@ -48,7 +45,7 @@ def wire_messages(msgs, all_small: bool = False) -> list:
     out: list = []
     items: list = []  # the current run of small messages, as batch items
     first = None  # its first message (a run of one is sent as itself)
-    last, limit, small = None, codec.INLINE_MAX, _SMALL_TYPES
+    last = None
     for msg in msgs:
         cls = type(msg)
         if cls is not last:
@@ -57,16 +54,14 @@ def wire_messages(msgs, all_small: bool = False) -> list:
                 raise TypeError("a batch cannot hold a batch")
             last, name, values = cls, kind.name, kind.values
         fields = values(msg)
-        for value in () if all_small else fields:
-            if type(value) not in small and getattr(value, "nbytes", 0) >= limit:
-                _close_run(items, first, out)
-                items, first = [], None
-                out.append(msg)
-                break
-        else:
-            if not items:
-                first = msg
-            items.append([name, *fields])
+        if not all_small and _any_large(fields):
+            _close_run(items, first, out)
+            items, first = [], None
+            out.append(msg)
+            continue
+        if not items:
+            first = msg
+        items.append([name, *fields])
     _close_run(items, first, out)
     return out
 
@@ -75,7 +70,11 @@ def has_large_array(msg) -> bool:
     """Whether a field of ``msg`` holds an array of ``INLINE_MAX`` bytes or more (it travels
     on its own: see :func:`wire_messages`)."""
     kind = _KINDS.get(type(msg)) or _kind_of(type(msg))
-    for value in kind.values(msg):
+    return _any_large(kind.values(msg))
+
+
+def _any_large(fields) -> bool:
+    for value in fields:
         kind_of_value = type(value)
         if kind_of_value in _SMALL_TYPES:
             continue
@@ -144,7 +143,7 @@ def _unpacker(cls, kind: _Kind):
     for index, _, expected, _ in kind.checks:
         wrong = " and ".join(f"type(v{index}) is not {t.__name__}" for t in expected)
         lines += [f"        if {wrong}:", "            return at"]
-    if _plain(cls, dataclasses.fields(cls)):
+    if fills_its_dict(cls):
         lines += ["        obj = new(cls)", "        state = obj.__dict__"]
         lines += [f"        state[{name!r}] = v{i}" for i, name in enumerate(fields)]
     else:
@@ -155,6 +154,6 @@ def _unpacker(cls, kind: _Kind):
     namespace = {"new": object.__new__, "cls": cls, "name": kind.name, "Envelope": Envelope,
                  "envelope": tuple.__new__}
     namespace.update({t.__name__: t for _, _, expected, _ in kind.checks for t in expected})
-    exec("\n".join(lines), namespace)  # field names only: identifiers, checked by _plain
+    exec("\n".join(lines), namespace)  # field names only: identifiers, checked by fills_its_dict
     _UNPACKERS[cls] = namespace["unpack"]
     return namespace["unpack"]

@@ -50,7 +50,7 @@ import msgpack
 import msgspec
 import numpy as np
 
-from pipeline.messages import SCHEMA_VERSION, WIRE_KINDS
+from pipeline.messages import SCHEMA_VERSION, WIRE_KINDS, fills_its_dict
 
 # Arrays decoded from zmq frames are read-only views; torch warns about that on every
 # conversion. Receivers that need to write copy explicitly.
@@ -168,7 +168,7 @@ def _maker(cls, fields):
     matters per small message received. Only for plain frozen dataclasses (no ``__post_init__``,
     slots, or fields outside ``__init__``); anything else is built by calling the class.
     """
-    if not _plain(cls, fields):
+    if not fills_its_dict(cls):
         return lambda values: cls(*values)
     lines = ["def make(values):", "    obj = new(cls)", "    state = obj.__dict__"]
     lines += [f"    state[{f.name!r}] = values[{i}]" for i, f in enumerate(fields)]
@@ -176,12 +176,6 @@ def _maker(cls, fields):
     namespace = {"new": object.__new__, "cls": cls}
     exec("\n".join(lines), namespace)  # field names only: identifiers, checked above
     return namespace["make"]
-
-
-def _plain(cls, fields) -> bool:
-    """Whether ``cls(*values)`` only sets these fields, so filling ``__dict__`` is the same."""
-    return (not hasattr(cls, "__post_init__") and "__slots__" not in cls.__dict__
-            and all(f.init for f in fields) and all(f.name.isidentifier() for f in fields))
 
 
 def _names(name: bytes, sender: str) -> tuple:

@@ -36,6 +36,14 @@ def message(kind: str):
     return wrap
 
 
+def fills_its_dict(cls) -> bool:
+    """Whether building dataclass ``cls`` only sets its fields, so that filling a new
+    instance's ``__dict__`` builds the same object: no ``__post_init__``, no slots, every
+    field an ``__init__`` argument (the codec builds received messages that way too)."""
+    return (not hasattr(cls, "__post_init__") and "__slots__" not in cls.__dict__
+            and all(f.init and f.name.isidentifier() for f in dataclasses.fields(cls)))
+
+
 def _set_fields_directly(cls) -> None:
     """Give a frozen dataclass an ``__init__`` that fills its ``__dict__``: the same object
     (the same signature and defaults), built in a third of the time.
@@ -47,9 +55,8 @@ def _set_fields_directly(cls) -> None:
     or non-init fields (anything else keeps the dataclass's ``__init__``).
     """
     fields = dataclasses.fields(cls)
-    if (hasattr(cls, "__post_init__") or "__slots__" in cls.__dict__ or not fields
-            or any(not f.init or f.kw_only or f.default_factory is not dataclasses.MISSING
-                   for f in fields)):
+    if (not fields or not fills_its_dict(cls)
+            or any(f.kw_only or f.default_factory is not dataclasses.MISSING for f in fields)):
         return
     names = [f.name for f in fields]
     if {"_self_", "_state_"} & set(names):  # the generated function's own names

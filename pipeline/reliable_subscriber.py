@@ -313,10 +313,7 @@ class ReliableSubscriber:
         return True
 
     async def recv(self) -> codec.Envelope | None:
-        if self._last is not None:
-            self._ack_previous()
-        if self._handed:
-            self._ack_handed()
+        self._ack_handed_out()
         if not self._queue and not await self._arrived():
             return None
         self._last, envelope, self._last_bytes = self._queue.popleft()
@@ -333,10 +330,7 @@ class ReliableSubscriber:
         Why: handing out small messages one call at a time costs a coroutine step and the
         acknowledgement bookkeeping per message; here that is paid per call, the bookkeeping
         per wire message."""
-        if self._last is not None:
-            self._ack_previous()
-        if self._handed:
-            self._ack_handed()
+        self._ack_handed_out()
         queue = self._queue
         if not queue and not await self._arrived():
             return []
@@ -351,23 +345,25 @@ class ReliableSubscriber:
         stats.depth = len(queue)
         return out
 
-    def _ack_handed(self) -> None:
-        """Acknowledge what the last ``recv_many`` handed out: each wire message as ``recv``
-        acknowledges one."""
-        handed, self._handed = self._handed, []
-        for conn, nbytes in handed:
-            self._last, self._last_bytes = conn, nbytes
+    def _ack_handed_out(self) -> None:
+        """Asking again acknowledges what the last call handed out: ``recv``'s message, or
+        each wire message of what ``recv_many`` returned."""
+        if self._last is not None:
             self._ack_previous()
+        if self._handed:
+            handed, self._handed = self._handed, []
+            for conn, nbytes in handed:
+                self._last, self._last_bytes = conn, nbytes
+                self._ack_previous()
 
     def __aiter__(self):
         return self
 
     async def __anext__(self) -> codec.Envelope:
         # recv()'s path for a message that is already here, without a second coroutine.
-        if self._last is not None:
-            self._ack_previous()
+        self._ack_handed_out()
         queue = self._queue
-        if queue and not self._handed:
+        if queue:
             self._last, envelope, self._last_bytes = queue.popleft()
             stats = self.stats
             stats.received += 1
@@ -388,8 +384,7 @@ class ReliableSubscriber:
         self._wake()
 
     def close(self) -> None:
-        if self._handed:
-            self._ack_handed()
+        self._ack_handed_out()
         self._ack_previous(threshold=1)
         if self._ack_timer is not None:
             self._ack_timer.cancel()
