@@ -32,6 +32,7 @@ steps (the graph's 500 updates).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -365,13 +366,19 @@ def run_sb3(p: Preset, seed: int, threads: int, launched_at: float | None = None
             "total_env_steps": model.num_timesteps, "total_seconds": round(total, 2)}
 
 
-def graph_eval_interval(graph: str) -> int | None:
-    """How often the graph's evaluator evaluates (env steps): SB3 then evaluates as often, so
-    neither side sees the threshold sooner for being looked at more often."""
+@functools.cache
+def _node_configs(graph: str) -> dict:
+    """Each node of ``graph`` and its built config, the graph loaded once."""
     import nodes  # noqa: F401  (registers the node kinds the graph names)
     from pipeline.graph import load
 
-    return next((config.eval_interval for config in load(graph).configs.values()
+    return load(graph).configs
+
+
+def graph_eval_interval(graph: str) -> int | None:
+    """How often the graph's evaluator evaluates (env steps): SB3 then evaluates as often, so
+    neither side sees the threshold sooner for being looked at more often."""
+    return next((config.eval_interval for config in _node_configs(graph).values()
                  if isinstance(getattr(config, "eval_interval", None), int)), None)
 
 
@@ -379,11 +386,8 @@ def seed_overrides(graph: str, offset: int) -> list[str]:
     """``--set`` arguments adding ``offset`` to the seed of every node of ``graph`` whose
     config has one (env runner, unroller, learner, replay store, evaluator...): ``--seed N``
     is a different run of the same graph, and ``--seed 0`` the graph as written."""
-    import nodes  # noqa: F401  (registers the node kinds the graph names)
-    from pipeline.graph import load
-
     out = []
-    for name, config in load(graph).configs.items():
+    for name, config in _node_configs(graph).items():
         seed = getattr(config, "seed", None)
         if offset and isinstance(seed, int):
             out += ["--set", f"nodes.{name}.config.seed={seed + offset}"]
