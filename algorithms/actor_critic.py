@@ -54,10 +54,10 @@ class ActorCriticAlgorithm(RLAlgorithm):
                  td_loss_weight: float = 0.5, max_grad_norm: float | None = 0.5,
                  init_std: float = 1.0, device="cpu", encoder: str = "mlp",
                  image_layout: str = "auto", data_transformers=(),
-                 shared_encoder_fc_layer_params=None):
+                 precision: str = "float32", shared_encoder_fc_layer_params=None):
         super().__init__(observation_space, action_space, device, max_grad_norm,
                          encoder=encoder, image_layout=image_layout,
-                         data_transformers=data_transformers)
+                         data_transformers=data_transformers, precision=precision)
         self.encoding_network, heads_in, heads_kwargs = actor_critic_trunk(
             self.input_space, shared_encoder_fc_layer_params, self.net_kwargs)
         self.actor_network = ActorDistributionNetwork(

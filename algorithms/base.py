@@ -20,6 +20,7 @@ algorithm may override it (PPO runs several epochs of mini-batches).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import gymnasium as gym
@@ -54,12 +55,18 @@ class RLAlgorithm(nn.Module):
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space,
                  device: str | torch.device = "cpu", max_grad_norm: float | None = None, *,
-                 encoder: str = "mlp", image_layout: str = "auto", data_transformers=()):
+                 encoder: str = "mlp", image_layout: str = "auto", data_transformers=(),
+                 precision: str = "float32"):
         """``encoder``/``image_layout``: the observation encoder of every network (see
         :mod:`algorithms.encoders`). ``data_transformers``: transformer configs
         (:mod:`algorithms.configs`, or their ``{name: ...}`` mappings) or built
-        ``DataTransformer`` modules, applied in order."""
+        ``DataTransformer`` modules, applied in order. ``precision``: see
+        :meth:`training_precision`."""
         super().__init__()
+        if precision not in TRAINING_PRECISIONS:
+            raise ValueError(f"precision: expected one of {', '.join(TRAINING_PRECISIONS)}, "
+                             f"got {precision!r}")
+        self.precision = precision
         self.observation_space = observation_space
         self.action_space = action_space
         self.device = torch.device(device)
@@ -183,6 +190,20 @@ class RLAlgorithm(nn.Module):
             rollout_info={k: to_tensor(v, self.device) for k, v in (exp.rollout_info or {}).items()},
         )
 
+    def training_precision(self) -> contextlib.AbstractContextManager:
+        """The context an update's forward pass and loss run in.
+
+        ``float32``: nothing changes. ``bfloat16``: mixed precision (``torch.autocast``): the
+        hidden layers' matrix products run in bfloat16, twice as fast as float32 on a CPU
+        with AVX512-BF16 or AMX and on recent GPUs, which is most of an update of 256-unit
+        networks; parameters, gradients, optimizer state, the output layers (values, logits,
+        action means, see :func:`algorithms.networks.output_layer`) and the losses stay
+        float32. Acting always runs in float32 (one observation: nothing to gain)."""
+        dtype = TRAINING_PRECISIONS[self.precision]
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=dtype)
+
     # ----- the step interface ---------------------------------------------------------------
     def get_initial_state(self, batch_size: int) -> Any:
         """Recurrent state for ``batch_size`` environments (``()``: feed-forward)."""
@@ -249,8 +270,9 @@ class RLAlgorithm(nn.Module):
         exp = self._experience(experience)
         w = None if importance_weights is None else to_tensor(
             importance_weights, self.device, torch.float32)
-        info = self.train_step(exp).info
-        loss_info = self.calc_loss(info)
+        with self.training_precision():
+            info = self.train_step(exp).info
+            loss_info = self.calc_loss(info)
         total = self._apply_gradient(loss_info, w)
         self.after_update(info)
         extra = loss_info.extra
@@ -309,6 +331,11 @@ class RLAlgorithm(nn.Module):
         tb, sb = list(target.buffers()), list(source.buffers())
         if tb:
             torch._foreach_copy_(tb, sb)
+
+
+# ``precision`` values -> the autocast dtype of an update's forward pass (None: no autocast).
+TRAINING_PRECISIONS: dict[str, torch.dtype | None] = {
+    "float32": None, "bfloat16": torch.bfloat16}
 
 
 def _empty(x) -> bool:

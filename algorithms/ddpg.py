@@ -65,10 +65,10 @@ class DdpgAlgorithm(RLAlgorithm):
                  dqda_clipping: float | None = None, action_l2: float = 0.0,
                  initial_random_steps: int = 0, max_grad_norm: float | None = None,
                  device="cpu", encoder: str = "mlp", image_layout: str = "auto",
-                 data_transformers=()):
+                 data_transformers=(), precision: str = "float32"):
         super().__init__(observation_space, action_space, device, max_grad_norm,
                          encoder=encoder, image_layout=image_layout,
-                         data_transformers=data_transformers)
+                         data_transformers=data_transformers, precision=precision)
         assert not self.discrete, "DdpgAlgorithm needs a Box action space"
         assert exploration_noise in ("ou", "gaussian"), exploration_noise
         self.actor_network = ActorNetwork(self.input_space, action_space, actor_fc_layer_params,

@@ -51,10 +51,10 @@ class DqnAlgorithm(RLAlgorithm):
                  epsilon_greedy_start: float = 1.0, epsilon_decay_steps: int = 10000,
                  initial_random_steps: int = 0, max_grad_norm: float | None = 10.0,
                  device="cpu", encoder: str = "mlp", image_layout: str = "auto",
-                 data_transformers=()):
+                 data_transformers=(), precision: str = "float32"):
         super().__init__(observation_space, action_space, device, max_grad_norm,
                          encoder=encoder, image_layout=image_layout,
-                         data_transformers=data_transformers)
+                         data_transformers=data_transformers, precision=precision)
         assert self.discrete, "DqnAlgorithm needs a Discrete action space"
         self.q_network = QNetwork(self.input_space, action_space, fc_layer_params,
                                   conv_layer_params, **self.net_kwargs)

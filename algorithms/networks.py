@@ -51,8 +51,26 @@ class EncodingNetwork(nn.Module):
         return self.net(x)
 
 
+class OutputLinear(nn.Linear):
+    """A network's output layer (values, logits, action means): float32 even inside a
+    bfloat16 autocast (:meth:`RLAlgorithm.training_precision`). A Q value near 100 has a
+    bfloat16 step of 0.5, as large as the TD errors it is trained on; the layer is one small
+    product, so computing it in float32 costs nothing worth having."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return output_layer(super().forward, x)
+
+
+def output_layer(layer, x: torch.Tensor, *args) -> torch.Tensor:
+    """``layer(x, *args)`` in float32, with autocast off where it is on."""
+    if not torch.is_autocast_enabled(x.device.type):
+        return layer(x, *args)
+    with torch.autocast(x.device.type, enabled=False):
+        return layer(x.float(), *args)
+
+
 def _head(n_in: int, n_out: int, scale: float = 1.0) -> nn.Linear:
-    layer = nn.Linear(n_in, n_out)
+    layer = OutputLinear(n_in, n_out)
     if scale != 1.0:
         with torch.no_grad():
             layer.weight.mul_(scale)
@@ -132,16 +150,20 @@ class ParallelMLP(nn.Module):
         for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
             if detach_params:
                 w, b = w.detach(), b.detach()
-            if w.shape[-1] == 1:
-                # A one-unit layer (a critic's head) as multiply-and-sum: a batched matmul with
-                # one output column takes MKL's slow path (~160 µs forward and the same for
-                # each gradient at [2, 256, 256], against ~25 µs this way).
-                h = torch.add(b, (h * w.transpose(1, 2)).sum(-1, keepdim=True))
-            else:
-                h = torch.baddbmm(b, h, w)
             if i < n - 1:
-                h = self.act(h)
+                h = self.act(torch.baddbmm(b, h, w))
+            else:
+                h = output_layer(_parallel_output, h, w, b)
         return h.transpose(0, 1)
+
+
+def _parallel_output(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if w.shape[-1] == 1:
+        # A one-unit layer (a critic's head) as multiply-and-sum: a batched matmul with one
+        # output column takes MKL's slow path (~160 µs forward and the same for each gradient
+        # at [2, 256, 256], against ~25 µs this way).
+        return torch.add(b, (h * w.transpose(1, 2)).sum(-1, keepdim=True))
+    return torch.baddbmm(b, h, w)
 
 
 class ParallelCriticNetwork(nn.Module):

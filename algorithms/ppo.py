@@ -92,10 +92,10 @@ class PPOAlgorithm(RLAlgorithm):
                  activation: str = "tanh", orthogonal_init: bool = False,
                  learning_rate_anneal_steps: int | None = None, device="cpu",
                  encoder: str = "mlp", image_layout: str = "auto", data_transformers=(),
-                 shared_encoder_fc_layer_params=None):
+                 precision: str = "float32", shared_encoder_fc_layer_params=None):
         super().__init__(observation_space, action_space, device, max_grad_norm,
                          encoder=encoder, image_layout=image_layout,
-                         data_transformers=data_transformers)
+                         data_transformers=data_transformers, precision=precision)
         act = ACTIVATIONS[activation]
         self.encoding_network, heads_in, heads_kwargs = actor_critic_trunk(
             self.input_space, shared_encoder_fc_layer_params, self.net_kwargs, act)
@@ -193,7 +193,8 @@ class PPOAlgorithm(RLAlgorithm):
                 idx = perm[start:start + self.mini_batch_size]
                 mb = Experience(observation=data.observation[idx], action=data.action[idx],
                                 rollout_info={k: v[idx] for k, v in data.rollout_info.items()})
-                loss_info = self.calc_loss(self.train_step(mb).info)
+                with self.training_precision():
+                    loss_info = self.calc_loss(self.train_step(mb).info)
                 total = self._apply_gradient(loss_info)
                 for k, v in {"loss/total": total, **loss_info.extra}.items():
                     if isinstance(v, torch.Tensor):

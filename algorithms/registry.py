@@ -69,4 +69,5 @@ def make(config, observation_space, action_space, device="cpu", **kwargs):
         return cls(action_space, seed=config.seed)
     return cls(observation_space, action_space, device=device,
                encoder=config.encoder, image_layout=config.image_layout,
-               data_transformers=config.data_transformers, **configs.hyperparameters(config))
+               data_transformers=config.data_transformers, precision=config.precision,
+               **configs.hyperparameters(config))

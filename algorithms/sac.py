@@ -67,11 +67,12 @@ class SacAlgorithm(RLAlgorithm):
                  initial_log_alpha: float = 0.0, max_log_alpha: float | None = None,
                  use_entropy_reward: bool = True, target_update_tau: float = 0.005,
                  target_update_period: int = 1, initial_random_steps: int = 0,
-                 max_grad_norm: float | None = None, device="cpu", encoder: str = "mlp", image_layout: str = "auto",
-                 data_transformers=()):
+                 max_grad_norm: float | None = None, device="cpu", encoder: str = "mlp",
+                 image_layout: str = "auto",
+                 data_transformers=(), precision: str = "float32"):
         super().__init__(observation_space, action_space, device, max_grad_norm,
                          encoder=encoder, image_layout=image_layout,
-                         data_transformers=data_transformers)
+                         data_transformers=data_transformers, precision=precision)
         self.actor_network = ActorDistributionNetwork(
             self.input_space, action_space, actor_fc_layer_params,
             continuous_projection="tanh_normal", **self.net_kwargs)

@@ -48,6 +48,7 @@ def test_string_number_is_an_error_naming_the_key():
     ({"name": "dqn", "td_error_loss_fn": "l1"}, "algorithm.td_error_loss_fn"),
     ({"name": "dqn", "encoder": "resnet"}, "algorithm.encoder"),
     ({"name": "dqn", "double_q": "yes"}, "algorithm.double_q"),
+    ({"name": "sac", "precision": "float16"}, "algorithm.precision"),
     ({"name": "nope"}, "algorithm.name"),
     ({"gamma": 0.9}, "algorithm.name"),
     ({"name": "random", "gamma": 0.9}, "algorithm.gamma"),

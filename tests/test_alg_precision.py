@@ -1,0 +1,97 @@
+"""Mixed-precision updates (``precision: bfloat16``): the hidden layers' matrix products of
+an update run in bfloat16, everything the update keeps or is judged by stays float32."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import algorithms
+from algorithms import configs
+from algorithms.data import Experience, TimeStep
+
+MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+           torch.ops.aten.baddbmm.default}
+
+
+class _MatmulDtypes(TorchDispatchMode):
+    """Records ``(op, input dtype, output shape)`` of every matrix product dispatched."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in MATMULS:
+            self.calls.append((func, args[-1].dtype, tuple(out.shape)))
+        return out
+
+
+def _batch(obs_dim: int, action, B: int = 32, T: int = 2) -> Experience:
+    rng = np.random.default_rng(0)
+    return Experience(
+        step_type=np.ones((B, T), np.int64), reward=rng.normal(size=(B, T)).astype(np.float32),
+        discount=np.ones((B, T), np.float32),
+        observation=rng.normal(size=(B, T, obs_dim)).astype(np.float32),
+        action=action(rng, (B, T)), prev_action=(), env_id=(), rollout_info={})
+
+
+CASES = {
+    "sac": (gym.spaces.Box(-1, 1, (1,), np.float32),
+            lambda rng, s: rng.uniform(-1, 1, (*s, 1)).astype(np.float32)),
+    "dqn": (gym.spaces.Discrete(3), lambda rng, s: rng.integers(0, 3, s)),
+}
+
+
+def _make(name: str, precision: str):
+    action_space, _ = CASES[name]
+    config = configs.parse({"name": name, "precision": precision})
+    return algorithms.make(config, gym.spaces.Box(-1, 1, (5,), np.float32), action_space)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bfloat16_runs_the_hidden_products_in_bfloat16_and_keeps_the_rest_float32(name):
+    alg = _make(name, "bfloat16")
+    before = {k: v.clone() for k, v in alg.state_dict().items()}
+    batch = _batch(5, CASES[name][1])
+    with _MatmulDtypes() as seen:
+        result = alg.train_on(batch)
+    dtypes = {dtype for _, dtype, _ in seen.calls}
+    assert torch.bfloat16 in dtypes, seen.calls
+    # Output layers (Q values, action means) are float32 products.
+    assert torch.float32 in dtypes, seen.calls
+    assert all(v.dtype == before[k].dtype for k, v in alg.state_dict().items())
+    assert all(np.isfinite(v) for v in dict(result.metrics).values()), dict(result.metrics)
+    changed = [k for k, v in alg.state_dict().items()
+               if v.is_floating_point() and not torch.equal(v, before[k])]
+    assert changed, "the update changed no parameter"
+    grads = [p.grad for opt in alg.optimizers.values() for group in opt.param_groups
+             for p in group["params"] if p.grad is not None]
+    assert grads and all(g.dtype == torch.float32 for g in grads)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_float32_runs_every_product_in_float32(name):
+    alg = _make(name, "float32")
+    with _MatmulDtypes() as seen:
+        alg.train_on(_batch(5, CASES[name][1]))
+    assert seen.calls and {dtype for _, dtype, _ in seen.calls} == {torch.float32}
+
+
+def test_acting_stays_float32_under_bfloat16_training():
+    alg = _make("sac", "bfloat16")
+    ts = TimeStep(step_type=np.zeros(4, np.int64), reward=np.zeros(4, np.float32),
+                  discount=np.ones(4, np.float32),
+                  observation=np.zeros((4, 5), np.float32), prev_action=(), env_id=())
+    with _MatmulDtypes() as seen:
+        action = alg.rollout_step(ts).output
+    assert action.dtype == torch.float32
+    assert {dtype for _, dtype, _ in seen.calls} == {torch.float32}
+
+
+def test_unknown_precision_is_refused_by_the_algorithm():
+    with pytest.raises(ValueError, match="precision"):
+        algorithms.make("sac", gym.spaces.Box(-1, 1, (5,), np.float32),
+                        gym.spaces.Box(-1, 1, (1,), np.float32), precision="float16")
