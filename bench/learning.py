@@ -13,9 +13,11 @@ to the threshold (null when either run did not reach it or SB3 has no counterpar
 
 With ``--graph``, both clocks start when a process is launched: the graph's at the launch of
 ``run.py`` (graph validation, imports, the fork server, every node's start-up included), SB3's at
-the launch of a fresh Python process that imports SB3, builds the model and trains (its
-evaluation time is still excluded, although it stops SB3's training while the graph evaluates
-in parallel). SB3 then evaluates as often as the graph's evaluator (its ``eval_interval``; the
+the launch of a fresh Python process that imports SB3, builds the model and trains. Neither
+clock counts the evaluation that reached the threshold: SB3's excludes every evaluation (they
+stop its training), the graph's stops when the evaluated parameters reached the evaluator
+(the evaluation's ``eval/seconds`` taken off the time its result arrived; the evaluator runs
+beside training, so earlier evaluations are on the clock only as the CPU they took). SB3 then evaluates as often as the graph's evaluator (its ``eval_interval``; the
 preset's otherwise), so that neither side reaches the threshold sooner for being evaluated more
 often.
 
@@ -108,6 +110,12 @@ def run_ours(p: Preset, seed: int, threads: int) -> dict:
             "total_env_steps": r.env_steps, "total_seconds": round(r.train_seconds, 2)}
 
 
+def _evaluated_at(m: dict) -> float:
+    """When the evaluated parameters reached the evaluator: the result's arrival less the
+    evaluation's own duration."""
+    return m["time"] - m.get("eval/seconds", 0.0)
+
+
 def run_graph(graph: str, p: Preset, threads: int, seed: int = 0) -> dict:
     """Train through the multi-process graph (``python run.py GRAPH``), stopping at the first
     evaluation that reaches the threshold. Seconds run from the launch of ``run.py`` to that
@@ -129,12 +137,14 @@ def run_graph(graph: str, p: Preset, threads: int, seed: int = 0) -> dict:
         with open(Path(run_dir) / "metrics.jsonl") as f:
             evals = [m for m in map(json.loads, f) if "eval/return" in m]
     for m in evals:
-        print(f"[graph] steps={m['env_steps']} time={m['time'] - t0:.1f}s "
-              f"eval={m['eval/return']:.1f}", flush=True)
+        print(f"[graph] steps={m['env_steps']} time={_evaluated_at(m) - t0:.1f}s "
+              f"eval={m['eval/return']:.1f} (evaluation {m.get('eval/seconds', 0):.2f}s)",
+              flush=True)
     hit = next((m for m in evals if m["eval/return"] >= p.threshold
                 and m["env_steps"] <= p.budget), None)
     return {"reached": hit is not None, "env_steps": hit and hit["env_steps"],
-            "seconds": hit and round(hit["time"] - t0, 2), "exit_code": code,
+            "seconds": hit and round(_evaluated_at(hit) - t0, 2),
+            "eval_seconds": hit and round(hit.get("eval/seconds", 0.0), 2), "exit_code": code,
             "best_return": max((m["eval/return"] for m in evals), default=float("-inf")),
             "total_seconds": round(wall, 2)}
 

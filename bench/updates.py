@@ -12,6 +12,8 @@ directly so that no side's replay sampling is timed:
 * *ours*: ``alg.train_on(batch)`` (loss, backward, optimizer step, target update, priorities
   read back), with the preset's hyperparameters (DQN without its double-Q target, which the
   peers do not have: the preset's costs one more forward pass, ~0.15 ms here);
+* *ours bf16*: the same with ``precision: bfloat16`` (mixed precision: the hidden layers'
+  products in bfloat16; see ``RLAlgorithm.training_precision``);
 * *SB3*: ``model.train(gradient_steps=n)`` of the model ``bench/learning.py`` builds, its
   replay buffer's ``sample`` returning the batch (PPO: ``train()`` over a full rollout buffer,
   ``n_epochs`` passes of one mini-batch, divided by ``n_epochs``);
@@ -247,7 +249,17 @@ def off_policy_sides(algo: str, env_id: str):
         model.train(gradient_steps=1, batch_size=B)
 
     plain = plain_dqn(p, samples) if algo == "dqn" else plain_sac(p, samples)
-    return {"ours": lambda: alg.train_on(batch), "sb3": sb3_update, "plain": plain}, 1
+    bf16 = _bfloat16_twin(p, alg)
+    return {"ours": lambda: alg.train_on(batch), "ours_bf16": lambda: bf16.train_on(batch),
+            "sb3": sb3_update, "plain": plain}, 1
+
+
+def _bfloat16_twin(p, alg):
+    """The same algorithm with ``precision: bfloat16`` and the same initial weights."""
+    twin = make_algorithm(dataclasses.replace(
+        p, algorithm={**p.algorithm, "precision": "bfloat16"}), 0)
+    twin.load_state_dict(alg.state_dict())
+    return twin
 
 
 def ppo_sides(env_id: str):
@@ -281,7 +293,9 @@ def ppo_sides(env_id: str):
           "logp": rows(unroll.rollout_info["log_prob"]),
           "adv": torch.randn(T * n), "returns": torch.randn(T * n)}
     plain = plain_ppo(p, mb)
-    return {"ours": lambda: alg.train_on(unroll), "sb3": model.train, "plain": plain}, epochs
+    bf16 = _bfloat16_twin(p, alg)
+    return {"ours": lambda: alg.train_on(unroll), "ours_bf16": lambda: bf16.train_on(unroll),
+            "sb3": model.train, "plain": plain}, epochs
 
 
 def main() -> None:
@@ -309,12 +323,15 @@ def main() -> None:
             row = {"algo": algo, "env": env_id, "threads": threads,
                    **{f"{k}_ms": round(v, 3) for k, v in ms.items()},
                    "ours/sb3": round(ms["ours"] / ms["sb3"], 3),
-                   "ours/plain": round(ms["ours"] / ms["plain"], 3)}
+                   "ours/plain": round(ms["ours"] / ms["plain"], 3),
+                   "ours_bf16/sb3": round(ms["ours_bf16"] / ms["sb3"], 3)}
             rows.append(row)
             unit = "epoch" if algo == "ppo" else "update"
             print(f"{algo:4s} {env_id:12s} threads={threads}  ms per {unit}: "
-                  f"ours {ms['ours']:.3f}  sb3 {ms['sb3']:.3f}  plain {ms['plain']:.3f}  "
-                  f"ours/sb3 {row['ours/sb3']:.3f}  ours/plain {row['ours/plain']:.3f}",
+                  f"ours {ms['ours']:.3f}  ours bf16 {ms['ours_bf16']:.3f}  "
+                  f"sb3 {ms['sb3']:.3f}  plain {ms['plain']:.3f}  "
+                  f"ours/sb3 {row['ours/sb3']:.3f}  ours/plain {row['ours/plain']:.3f}  "
+                  f"ours bf16/sb3 {row['ours_bf16/sb3']:.3f}",
                   flush=True)
     print(json.dumps(rows))
 

@@ -3,7 +3,8 @@
 Every ``eval_interval`` environment steps (as stamped on the parameters; the first at
 ``eval_interval``, or at 0 with ``eval_at_start``) it runs
 ``num_eval_episodes`` episodes in parallel with ``predict_step`` and publishes
-``eval/return`` and ``eval/length``. With ``stop_at_return`` set it finishes once an evaluation
+``eval/return``, ``eval/length`` and ``eval/seconds`` (from the parameters' arrival to the
+result, so a benchmark can take evaluation off a training clock). With ``stop_at_return`` set it finishes once an evaluation
 reaches it, which ends a graph that lists it in ``run.stop_when``.
 Evaluation runs in a worker thread so the node keeps answering heartbeats meanwhile. The node
 says ready before it builds its algorithm (and imports torch): that happens at the first
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -77,6 +79,7 @@ async def run(config: Config, node, ready) -> dict:
         msg = envelope.message
         if msg.env_steps < next_eval:
             continue
+        started = time.monotonic()
         if alg is None:
             alg = await asyncio.to_thread(_build_algorithm, config, node.info.device)
         alg.load_policy_state_dict(msg.params)
@@ -95,7 +98,7 @@ async def run(config: Config, node, ready) -> dict:
                  mean_return)
         await metrics.send(Metrics(node.info.instance, msg.env_steps, {
             "eval/return": mean_return, "eval/length": mean_length,
-            "eval/version": msg.version}))
+            "eval/version": msg.version, "eval/seconds": time.monotonic() - started}))
         if config.stop_at_return is not None and mean_return >= config.stop_at_return:
             return {"reached": mean_return, "env_steps": msg.env_steps, "evaluations":
                     evaluations}

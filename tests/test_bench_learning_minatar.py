@@ -74,3 +74,10 @@ def test_seed_n_moves_every_seed_of_the_graph_by_n(bench):
 def test_sb3_evaluates_as_often_as_the_graphs_evaluator(bench):
     assert bench.graph_eval_interval(str(ROOT / "graphs" / "dqn_cartpole.yaml")) == 1000
     assert bench.graph_eval_interval(str(GRAPH)) == 25_000
+
+
+def test_the_graphs_clock_stops_when_the_evaluated_parameters_arrived(bench):
+    """SB3's clock leaves its evaluations out; the graph's leaves out the evaluation that
+    reached the threshold: its result's arrival less ``eval/seconds``."""
+    assert bench._evaluated_at({"time": 100.0, "eval/seconds": 1.5}) == 98.5
+    assert bench._evaluated_at({"time": 100.0}) == 100.0  # runs recorded before eval/seconds
