@@ -185,15 +185,22 @@ def test_discrete_sac_soft_target_and_losses(discount, next_type):
     target = 1.0 + 0.5 * discount * v_next
     critic = (target - 1.0) ** 2 + (target - 1.5) ** 2  # Q_i(s, a=0) = [1, 1.5]
     actor = sum(pi * (math.log(pi) - q) for pi, q in zip(p, [1.0, 2.0], strict=True))
-    exp = _window([M, int(next_type)], [0.0, 1.0], [1.0, discount], [0, 0], 2)
-    info = alg.train_step(alg._experience(exp)).info
-    li = alg.calc_loss(info)
-    torch.testing.assert_close(info["target_value"][0, 1], torch.tensor(v_next))
-    torch.testing.assert_close(li.extra["loss/critic"], torch.tensor([critic]))
-    torch.testing.assert_close(li.extra["loss/actor"], torch.tensor([actor]))
-    torch.testing.assert_close(li.loss, torch.tensor([critic + actor]))
-    entropy = -sum(pi * math.log(pi) for pi in p)
-    torch.testing.assert_close(li.scalar_loss, torch.tensor(0.0 * (entropy - alg.target_entropy)))
+    exp = alg._experience(_window([M, int(next_type)], [0.0, 1.0], [1.0, discount], [0, 0], 2))
+    for one_step in (True, False):  # the one-step path and the general window path
+        info = alg._train_step(exp, one_step).info
+        li = alg.calc_loss(info)
+        torch.testing.assert_close(_sac_next_value(info), torch.tensor(v_next))
+        torch.testing.assert_close(li.extra["loss/critic"], torch.tensor([critic]))
+        torch.testing.assert_close(li.extra["loss/actor"], torch.tensor([actor]))
+        torch.testing.assert_close(li.loss, torch.tensor([critic + actor]))
+        entropy = -sum(pi * math.log(pi) for pi in p)
+        torch.testing.assert_close(li.scalar_loss,
+                                   torch.tensor(0.0 * (entropy - alg.target_entropy)))
+
+
+def _sac_next_value(info) -> torch.Tensor:
+    """The soft value V(s') of the first sample, from either of SAC's paths."""
+    return info["next_value"][0] if "one_step" in info else info["target_value"][0, 1]
 
 
 @pytest.mark.parametrize("discount,next_type,critic", [
@@ -260,15 +267,17 @@ def test_continuous_sac_soft_target_subtracts_the_entropy_term(discount, next_ty
     for net in (alg.critic_networks, alg.target_critic_networks):
         _zero(net)
         _set_last_bias(net, [[2.0], [3.5]])  # Q_1 = 2, Q_2 = 3.5 whatever (s, a)
-    exp = _window([M, int(next_type)], [0.0, 1.0], [1.0, discount], [[0.3], [0.3]], 2)
-    info = alg.train_step(alg._experience(exp)).info
-    torch.testing.assert_close(info["target_value"][0, 1], torch.tensor(2.6))
-    li = alg.calc_loss(info)
-    target = 1.0 + 0.9 * discount * 2.6
-    torch.testing.assert_close(li.extra["loss/critic"],
-                               torch.tensor([(target - 2.0) ** 2 + (target - 3.5) ** 2]))
-    # actor: alpha * log pi - min_i Q_i = 0.5 * -1.2 - 2
-    torch.testing.assert_close(li.extra["loss/actor"], torch.tensor([-0.6 - 2.0]))
+    exp = alg._experience(_window([M, int(next_type)], [0.0, 1.0], [1.0, discount],
+                                  [[0.3], [0.3]], 2))
+    for one_step in (True, False):  # the one-step path and the general window path
+        info = alg._train_step(exp, one_step).info
+        torch.testing.assert_close(_sac_next_value(info), torch.tensor(2.6))
+        li = alg.calc_loss(info)
+        target = 1.0 + 0.9 * discount * 2.6
+        torch.testing.assert_close(li.extra["loss/critic"],
+                                   torch.tensor([(target - 2.0) ** 2 + (target - 3.5) ** 2]))
+        # actor: alpha * log pi - min_i Q_i = 0.5 * -1.2 - 2
+        torch.testing.assert_close(li.extra["loss/actor"], torch.tensor([-0.6 - 2.0]))
 
 
 def test_sac_default_target_entropy():
@@ -343,5 +352,49 @@ def test_dqn_one_step_path_equals_the_window_path(double_q, loss_fn):
     (loss, prio, grads), (loss_ref, prio_ref, grads_ref) = results
     torch.testing.assert_close(loss, loss_ref, rtol=0, atol=0)
     torch.testing.assert_close(prio, prio_ref, rtol=0, atol=0)
+    for a, b in zip(grads, grads_ref, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("discrete", [False, True])
+@pytest.mark.parametrize("loss_fn", ["huber", "squared"])
+def test_sac_one_step_path_equals_the_window_path(discrete, loss_fn):
+    """One-step batches take SAC's short path: the same losses, priorities and gradients as
+    the general TDLoss path, with LAST (masked), terminal and truncated rows in the batch."""
+    from algorithms.sac import SacAlgorithm
+
+    obs_space = gym.spaces.Box(-1, 1, (4,), np.float32)
+    act_space = gym.spaces.Discrete(3) if discrete else gym.spaces.Box(-1, 1, (2,), np.float32)
+    alg = SacAlgorithm(obs_space, act_space, actor_fc_layer_params=(16,),
+                       critic_fc_layer_params=(16,), gamma=0.9, td_error_loss_fn=loss_fn)
+    with torch.no_grad():  # target critics that differ from the online ones
+        for p in alg.target_critic_networks.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    g = torch.Generator().manual_seed(0)
+    B = 32
+    step_type = torch.randint(0, 3, (B, 2), generator=g)
+    discount = (torch.rand(B, 2, generator=g) > 0.3).float()
+    action = (torch.randint(0, 3, (B, 2), generator=g) if discrete
+              else torch.rand(B, 2, 2, generator=g) * 2 - 1)
+    exp = Experience(step_type=step_type, reward=torch.randn(B, 2, generator=g),
+                     discount=discount, observation=torch.randn(B, 2, 4, generator=g),
+                     action=action)
+    assert (step_type[:, 0] == StepType.LAST).any() and (discount[:, 1] == 0).any()
+    results = []
+    for one_step in (True, False):
+        alg.zero_grad()
+        torch.manual_seed(1)  # the same sampled actions on both paths
+        info = alg._train_step(exp, one_step).info
+        assert ("one_step" in info) == one_step
+        li = alg.calc_loss(info)
+        (li.loss.mean() + li.scalar_loss).backward()
+        results.append((li.loss.detach(), li.priority, li.scalar_loss.detach(),
+                        [p.grad.clone() for p in alg.parameters() if p.grad is not None]))
+    assert "one_step" in alg.train_step(exp).info
+    (loss, prio, a_loss, grads), (loss_ref, prio_ref, a_loss_ref, grads_ref) = results
+    torch.testing.assert_close(loss, loss_ref, rtol=0, atol=0)
+    torch.testing.assert_close(prio, prio_ref, rtol=0, atol=0)
+    torch.testing.assert_close(a_loss, a_loss_ref, rtol=0, atol=0)
+    assert len(grads) == len(grads_ref) > 0
     for a, b in zip(grads, grads_ref, strict=True):
         torch.testing.assert_close(a, b)
