@@ -322,6 +322,20 @@ def test_dqn_target_network_follows_by_tau_after_an_update():
     assert not torch.equal(online["head.weight"], target_before["head.weight"])
 
 
+def _one_step_batch(actions) -> Experience:
+    """32 random windows of two steps with 4-dim observations, LAST (masked), terminal and
+    truncated rows among them; ``actions(generator, B)`` draws the ``[B, 2, ...]`` actions."""
+    g = torch.Generator().manual_seed(0)
+    B = 32
+    step_type = torch.randint(0, 3, (B, 2), generator=g)
+    discount = (torch.rand(B, 2, generator=g) > 0.3).float()
+    exp = Experience(step_type=step_type, reward=torch.randn(B, 2, generator=g),
+                     discount=discount, observation=torch.randn(B, 2, 4, generator=g),
+                     action=actions(g, B))
+    assert (step_type[:, 0] == StepType.LAST).any() and (discount[:, 1] == 0).any()
+    return exp
+
+
 @pytest.mark.parametrize("double_q", [True, False])
 @pytest.mark.parametrize("loss_fn", ["huber", "squared"])
 def test_dqn_one_step_path_equals_the_window_path(double_q, loss_fn):
@@ -333,14 +347,7 @@ def test_dqn_one_step_path_equals_the_window_path(double_q, loss_fn):
     with torch.no_grad():  # a target network that differs from the online one
         for p in alg.target_q_network.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    g = torch.Generator().manual_seed(0)
-    B = 32
-    step_type = torch.randint(0, 3, (B, 2), generator=g)
-    discount = (torch.rand(B, 2, generator=g) > 0.3).float()
-    exp = Experience(step_type=step_type, reward=torch.randn(B, 2, generator=g),
-                     discount=discount, observation=torch.randn(B, 2, 4, generator=g),
-                     action=torch.randint(0, 3, (B, 2), generator=g))
-    assert (step_type[:, 0] == StepType.LAST).any() and (discount[:, 1] == 0).any()
+    exp = _one_step_batch(lambda g, B: torch.randint(0, 3, (B, 2), generator=g))
     results = []
     for step in (alg.train_step, alg._window_train_step):
         alg.zero_grad()
@@ -370,16 +377,8 @@ def test_sac_one_step_path_equals_the_window_path(discrete, loss_fn):
     with torch.no_grad():  # target critics that differ from the online ones
         for p in alg.target_critic_networks.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    g = torch.Generator().manual_seed(0)
-    B = 32
-    step_type = torch.randint(0, 3, (B, 2), generator=g)
-    discount = (torch.rand(B, 2, generator=g) > 0.3).float()
-    action = (torch.randint(0, 3, (B, 2), generator=g) if discrete
-              else torch.rand(B, 2, 2, generator=g) * 2 - 1)
-    exp = Experience(step_type=step_type, reward=torch.randn(B, 2, generator=g),
-                     discount=discount, observation=torch.randn(B, 2, 4, generator=g),
-                     action=action)
-    assert (step_type[:, 0] == StepType.LAST).any() and (discount[:, 1] == 0).any()
+    exp = _one_step_batch(lambda g, B: torch.randint(0, 3, (B, 2), generator=g) if discrete
+                          else torch.rand(B, 2, 2, generator=g) * 2 - 1)
     results = []
     for one_step in (True, False):
         alg.zero_grad()
