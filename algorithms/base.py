@@ -21,6 +21,7 @@ algorithm may override it (PPO runs several epochs of mini-batches).
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -67,6 +68,7 @@ class RLAlgorithm(nn.Module):
             raise ValueError(f"precision: expected one of {', '.join(TRAINING_PRECISIONS)}, "
                              f"got {precision!r}")
         self.precision = precision
+        self._precision_checked = False
         self.observation_space = observation_space
         self.action_space = action_space
         self.device = torch.device(device)
@@ -202,6 +204,12 @@ class RLAlgorithm(nn.Module):
         dtype = TRAINING_PRECISIONS[self.precision]
         if dtype is None:
             return contextlib.nullcontext()
+        if not self._precision_checked:
+            self._precision_checked = True
+            if native_bfloat16(self.device) is False:
+                warnings.warn(f"precision: bfloat16 on {self.device.type} without native "
+                              "bfloat16 arithmetic (no AVX512-BF16 or AMX): updates will be "
+                              "slower than in float32", RuntimeWarning, stacklevel=2)
         return torch.autocast(self.device.type, dtype=dtype)
 
     # ----- the step interface ---------------------------------------------------------------
@@ -336,6 +344,28 @@ class RLAlgorithm(nn.Module):
 # ``precision`` values -> the autocast dtype of an update's forward pass (None: no autocast).
 TRAINING_PRECISIONS: dict[str, torch.dtype | None] = {
     "float32": None, "bfloat16": torch.bfloat16}
+
+
+def native_bfloat16(device: torch.device) -> bool | None:
+    """Whether ``device`` computes in bfloat16 natively: a GPU that supports it, or a CPU with
+    AVX512-BF16 or AMX (Linux's CPU flags); None where that cannot be told."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    if device.type != "cpu":
+        return None
+    flags = _cpu_flags()
+    return None if flags is None else bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def _cpu_flags() -> set[str] | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
 
 
 def _empty(x) -> bool:

@@ -1,6 +1,8 @@
 """Mixed-precision updates (``precision: bfloat16``): the hidden layers' matrix products of
 an update run in bfloat16, everything the update keeps or is judged by stays float32."""
 
+import warnings
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -95,3 +97,27 @@ def test_unknown_precision_is_refused_by_the_algorithm():
     with pytest.raises(ValueError, match="precision"):
         algorithms.make("sac", gym.spaces.Box(-1, 1, (5,), np.float32),
                         gym.spaces.Box(-1, 1, (1,), np.float32), precision="float16")
+
+
+def test_bfloat16_without_native_support_warns_once(monkeypatch):
+    import algorithms.base as base
+
+    monkeypatch.setattr(base, "_cpu_flags", lambda: {"avx2", "fma"})
+    alg = _make("sac", "bfloat16")
+    batch = _batch(5, CASES["sac"][1])
+    with pytest.warns(RuntimeWarning, match="slower than in float32"):
+        alg.train_on(batch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        alg.train_on(batch)  # once per algorithm
+
+
+def test_bfloat16_with_native_support_does_not_warn(monkeypatch):
+    import algorithms.base as base
+
+    monkeypatch.setattr(base, "_cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    alg = _make("sac", "bfloat16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        alg.train_on(_batch(5, CASES["sac"][1]))
+    assert base.native_bfloat16(torch.device("cpu")) is True
