@@ -19,7 +19,7 @@ import torch
 
 from algorithms.base import RLAlgorithm
 from algorithms.data import AlgStep, Experience, LossInfo, StepType, TimeStep, to_tensor
-from algorithms.losses import TDLoss
+from algorithms.losses import TDLoss, critic_td_loss
 from algorithms.networks import ActorNetwork, ParallelCriticNetwork
 
 
@@ -137,7 +137,11 @@ class DdpgAlgorithm(RLAlgorithm):
 
     def train_step(self, experience: Experience, state=()) -> AlgStep:
         """``experience``: batch-major ``[B, T]``; rows ``0..T-2`` are trained on."""
-        exp = experience
+        one_step = experience.step_type.shape[1] == 2 and not self.td_loss.normalize_target
+        return self._train_step(experience, one_step)
+
+    def _train_step(self, exp: Experience, one_step: bool) -> AlgStep:
+        """``one_step``: the short target path of :func:`~algorithms.losses.critic_td_loss`."""
         B, T = exp.step_type.shape[:2]
         obs_cur = exp.observation[:, :-1].flatten(0, 1)
         obs_next = exp.observation[:, 1:].flatten(0, 1)
@@ -162,23 +166,17 @@ class DdpgAlgorithm(RLAlgorithm):
                 loss = loss + self.action_l2 * (self._normalize(a_pi) ** 2).sum(-1)
             actor_loss = loss.view(B, T - 1)
         R = q.shape[1]
-        pad = lambda x: torch.cat([x, torch.zeros_like(x[:, :1])], 1)  # noqa: E731
-        tv = target_value.view(B, T - 1)
-        return AlgStep(info={"exp": exp, "q": pad(q.view(B, T - 1, R)),
-                             "target_value": torch.cat([torch.zeros_like(tv[:, :1]), tv], 1),
+        return AlgStep(info={"exp": exp, "one_step": one_step, "q": q.view(B, T - 1, R),
+                             "next_value": target_value.view(B, T - 1),
                              "actor_loss": actor_loss})
 
     def calc_loss(self, info) -> LossInfo:
-        exp, q = info["exp"], info["q"]
-        tm = lambda x: x.transpose(0, 1)  # noqa: E731
-        target_value = info["target_value"].unsqueeze(-1).expand_as(q)
-        li = self.td_loss(tm(exp.step_type), tm(exp.reward), tm(exp.discount), tm(q),
-                          tm(target_value))
-        T = q.shape[1]
-        critic_loss = li.loss.sum(0).sum(-1) / (T - 1)
+        q = info["q"]
+        critic_loss, td_error = critic_td_loss(self.td_loss, info["exp"], q,
+                                               info["next_value"], info["one_step"])
         actor_loss = info["actor_loss"].mean(1)
         return LossInfo(loss=critic_loss + actor_loss,
-                        priority=li.extra["td_error"][0].abs().mean(-1).detach(),
+                        priority=td_error.abs().mean(-1).detach(),
                         extra={"loss/critic": critic_loss.detach(),
                                "loss/actor": actor_loss.detach(), "q/mean": q.detach()})
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from algorithms import value_ops
-from algorithms.data import LossInfo
+from algorithms.data import LossInfo, StepType
 
 
 def element_wise_squared_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -78,6 +78,35 @@ class TDLoss:
         td_error = (target - v) * mask
         return LossInfo(loss=_pad_last(loss * mask), extra={"td_error": td_error,
                                                              "target": target})
+
+
+def critic_td_loss(td_loss: TDLoss, exp, q: torch.Tensor, next_value: torch.Tensor,
+                   one_step: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The TD loss of critic replicas on batch-major ``[B, T]`` windows (SAC, DDPG, TD3).
+
+    ``q``: ``[B, T-1, R]`` values of the trained rows; ``next_value``: ``[B, T-1]`` target
+    values of rows ``1..T-1`` (no gradient). Returns the per-sample loss summed over replicas
+    (``[B]``) and the TD errors of row 0 (``[B, R]``, for priorities).
+
+    ``one_step`` (``T = 2``, ``td_loss`` not normalizing): what ``td_loss`` computes on the
+    padded window for its one trained row (a LAST row masked there and here), in about 25
+    tensor operations fewer: an update of small networks is mostly Python dispatch."""
+    if one_step:
+        q, next_value = q[:, 0], next_value[:, 0]
+        with torch.no_grad():
+            target = exp.reward[:, 1] + (exp.discount[:, 1] * td_loss.gamma) * next_value
+            valid = (exp.step_type[:, 0] != StepType.LAST).float().unsqueeze(-1)
+        target = target.unsqueeze(-1).expand_as(q)
+        loss = get_td_error_loss_fn(td_loss.td_error_loss_fn)(target, q) * valid
+        return loss.sum(-1), (target - q) * valid
+    # Pad to [B, T] so TDLoss sees the whole window: row T-1 of q is never trained and row 0
+    # of the target value is never used.
+    q = torch.cat([q, torch.zeros_like(q[:, :1])], 1)
+    next_value = torch.cat([torch.zeros_like(next_value[:, :1]), next_value], 1)
+    tm = lambda x: x.transpose(0, 1)  # noqa: E731  [B, T, ...] -> [T, B, ...]
+    li = td_loss(tm(exp.step_type), tm(exp.reward), tm(exp.discount), tm(q),
+                 tm(next_value.unsqueeze(-1).expand_as(q)))
+    return li.loss.sum(0).sum(-1) / (q.shape[1] - 1), li.extra["td_error"][0]
 
 
 class OneStepTDLoss(TDLoss):

@@ -199,8 +199,8 @@ def test_discrete_sac_soft_target_and_losses(discount, next_type):
 
 
 def _sac_next_value(info) -> torch.Tensor:
-    """The soft value V(s') of the first sample, from either of SAC's paths."""
-    return info["next_value"][0] if "one_step" in info else info["target_value"][0, 1]
+    """The soft value V(s') of the first sample."""
+    return info["next_value"][0, 0]
 
 
 @pytest.mark.parametrize("discount,next_type,critic", [
@@ -363,17 +363,20 @@ def test_dqn_one_step_path_equals_the_window_path(double_q, loss_fn):
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("discrete", [False, True])
+@pytest.mark.parametrize("kind", ["sac", "sac_discrete", "td3"])
 @pytest.mark.parametrize("loss_fn", ["huber", "squared"])
-def test_sac_one_step_path_equals_the_window_path(discrete, loss_fn):
-    """One-step batches take SAC's short path: the same losses, priorities and gradients as
-    the general TDLoss path, with LAST (masked), terminal and truncated rows in the batch."""
-    from algorithms.sac import SacAlgorithm
+def test_critic_one_step_path_equals_the_window_path(kind, loss_fn):
+    """One-step batches take the short path of ``critic_td_loss`` (SAC, DDPG, TD3): the same
+    losses, priorities and gradients as the general TDLoss path, with LAST (masked), terminal
+    and truncated rows in the batch."""
+    import algorithms
 
+    discrete = kind == "sac_discrete"
     obs_space = gym.spaces.Box(-1, 1, (4,), np.float32)
     act_space = gym.spaces.Discrete(3) if discrete else gym.spaces.Box(-1, 1, (2,), np.float32)
-    alg = SacAlgorithm(obs_space, act_space, actor_fc_layer_params=(16,),
-                       critic_fc_layer_params=(16,), gamma=0.9, td_error_loss_fn=loss_fn)
+    alg = algorithms.make("td3" if kind == "td3" else "sac", obs_space, act_space,
+                          actor_fc_layer_params=(16,), critic_fc_layer_params=(16,), gamma=0.9,
+                          td_error_loss_fn=loss_fn)
     with torch.no_grad():  # target critics that differ from the online ones
         for p in alg.target_critic_networks.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -382,18 +385,21 @@ def test_sac_one_step_path_equals_the_window_path(discrete, loss_fn):
     results = []
     for one_step in (True, False):
         alg.zero_grad()
-        torch.manual_seed(1)  # the same sampled actions on both paths
+        torch.manual_seed(1)  # the same sampled actions and noise on both paths
         info = alg._train_step(exp, one_step).info
-        assert ("one_step" in info) == one_step
+        assert info["one_step"] is one_step
         li = alg.calc_loss(info)
-        (li.loss.mean() + li.scalar_loss).backward()
-        results.append((li.loss.detach(), li.priority, li.scalar_loss.detach(),
+        total = li.loss.mean()
+        if isinstance(li.scalar_loss, torch.Tensor):
+            total = total + li.scalar_loss
+        total.backward()
+        results.append((li.loss.detach(), li.priority, li.extra["loss/critic"],
                         [p.grad.clone() for p in alg.parameters() if p.grad is not None]))
-    assert "one_step" in alg.train_step(exp).info
-    (loss, prio, a_loss, grads), (loss_ref, prio_ref, a_loss_ref, grads_ref) = results
+    assert alg.train_step(exp).info["one_step"] is True
+    (loss, prio, critic, grads), (loss_ref, prio_ref, critic_ref, grads_ref) = results
     torch.testing.assert_close(loss, loss_ref, rtol=0, atol=0)
     torch.testing.assert_close(prio, prio_ref, rtol=0, atol=0)
-    torch.testing.assert_close(a_loss, a_loss_ref, rtol=0, atol=0)
+    torch.testing.assert_close(critic, critic_ref, rtol=0, atol=0)
     assert len(grads) == len(grads_ref) > 0
     for a, b in zip(grads, grads_ref, strict=True):
         torch.testing.assert_close(a, b)
