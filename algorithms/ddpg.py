@@ -19,7 +19,7 @@ import torch
 
 from algorithms.base import RLAlgorithm
 from algorithms.data import AlgStep, Experience, LossInfo, StepType, TimeStep, to_tensor
-from algorithms.losses import TDLoss, critic_td_loss
+from algorithms.losses import TDLoss, critic_td_loss, one_step_window
 from algorithms.networks import ActorNetwork, ParallelCriticNetwork
 
 
@@ -137,8 +137,7 @@ class DdpgAlgorithm(RLAlgorithm):
 
     def train_step(self, experience: Experience, state=()) -> AlgStep:
         """``experience``: batch-major ``[B, T]``; rows ``0..T-2`` are trained on."""
-        one_step = experience.step_type.shape[1] == 2 and not self.td_loss.normalize_target
-        return self._train_step(experience, one_step)
+        return self._train_step(experience, one_step_window(self.td_loss, experience))
 
     def _train_step(self, exp: Experience, one_step: bool) -> AlgStep:
         """``one_step``: the short target path of :func:`~algorithms.losses.critic_td_loss`."""

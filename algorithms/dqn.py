@@ -16,7 +16,7 @@ import torch
 
 from algorithms.base import RLAlgorithm
 from algorithms.data import AlgStep, Experience, LossInfo, StepType, TimeStep
-from algorithms.losses import TDLoss, get_td_error_loss_fn
+from algorithms.losses import TDLoss, get_td_error_loss_fn, one_step_window
 from algorithms.networks import QNetwork
 
 
@@ -99,7 +99,7 @@ class DqnAlgorithm(RLAlgorithm):
         Gradients flow only through rows ``0..T-2`` (the TD loss never reads the value of the
         last row), and the online network's action choice for double Q runs without autograd:
         for one-step targets that halves the backward pass."""
-        if experience.step_type.shape[1] == 2 and not self.td_loss.normalize_target:
+        if one_step_window(self.td_loss, experience):
             return self._one_step_train_step(experience)
         return self._window_train_step(experience)
 

@@ -80,6 +80,12 @@ class TDLoss:
                                                              "target": target})
 
 
+def one_step_window(td_loss: TDLoss, exp) -> bool:
+    """Whether a batch-major ``[B, T]`` batch can take the short one-step path of DQN and
+    :func:`critic_td_loss`: windows of two steps, and a target that is not normalized."""
+    return exp.step_type.shape[1] == 2 and not td_loss.normalize_target
+
+
 def critic_td_loss(td_loss: TDLoss, exp, q: torch.Tensor, next_value: torch.Tensor,
                    one_step: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The TD loss of critic replicas on batch-major ``[B, T]`` windows (SAC, DDPG, TD3).

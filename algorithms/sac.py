@@ -22,7 +22,7 @@ from torch import nn
 
 from algorithms.base import RLAlgorithm
 from algorithms.data import AlgStep, Experience, LossInfo, TimeStep
-from algorithms.losses import TDLoss, alpha_loss, critic_td_loss
+from algorithms.losses import TDLoss, alpha_loss, critic_td_loss, one_step_window
 from algorithms.networks import (
     ActorDistributionNetwork,
     ParallelCriticNetwork,
@@ -132,8 +132,7 @@ class SacAlgorithm(RLAlgorithm):
     def train_step(self, experience: Experience, state=()) -> AlgStep:
         """``experience``: batch-major ``[B, T]``. Rows ``0..T-2`` are trained on (critic, actor,
         alpha); rows ``1..T-1`` provide the soft target values."""
-        one_step = experience.step_type.shape[1] == 2 and not self.td_loss.normalize_target
-        return self._train_step(experience, one_step)
+        return self._train_step(experience, one_step_window(self.td_loss, experience))
 
     def _train_step(self, exp: Experience, one_step: bool) -> AlgStep:
         """``one_step``: the short target path of :func:`~algorithms.losses.critic_td_loss`."""

@@ -17,9 +17,9 @@ the launch of a fresh Python process that imports SB3, builds the model and trai
 clock counts the evaluation that reached the threshold: SB3's excludes every evaluation (they
 stop its training), the graph's stops when the evaluated parameters reached the evaluator
 (the evaluation's ``eval/seconds`` taken off the time its result arrived; the evaluator runs
-beside training, so earlier evaluations are on the clock only as the CPU they took). SB3 then evaluates as often as the graph's evaluator (its ``eval_interval``; the
-preset's otherwise), so that neither side reaches the threshold sooner for being evaluated more
-often.
+beside training, so earlier evaluations are on the clock only as the CPU they took). SB3 then
+evaluates as often as the graph's evaluator (its ``eval_interval``; the preset's otherwise), so
+that neither side reaches the threshold sooner for being evaluated more often.
 
 MinAtar (``python bench/learning.py dqn MinAtar/Breakout --graph graphs/dqn_minatar.yaml``; the
 ``-v1`` suffix may be left out): SB3 trains on the same environment class as the graph (uint8

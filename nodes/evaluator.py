@@ -4,8 +4,9 @@ Every ``eval_interval`` environment steps (as stamped on the parameters; the fir
 ``eval_interval``, or at 0 with ``eval_at_start``) it runs
 ``num_eval_episodes`` episodes in parallel with ``predict_step`` and publishes
 ``eval/return``, ``eval/length`` and ``eval/seconds`` (from the parameters' arrival to the
-result, so a benchmark can take evaluation off a training clock). With ``stop_at_return`` set it finishes once an evaluation
-reaches it, which ends a graph that lists it in ``run.stop_when``.
+result, so a benchmark can take evaluation off a training clock). With ``stop_at_return`` set
+it finishes once an evaluation reaches it, which ends a graph that lists it in
+``run.stop_when``.
 Evaluation runs in a worker thread so the node keeps answering heartbeats meanwhile. The node
 says ready before it builds its algorithm (and imports torch): that happens at the first
 evaluation, so the evaluator takes no CPU from the nodes that start training.
