@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from storage import arrays
 from storage.allocator import MemoryAllocator
 from storage.nest import StepType
 from storage.ring import host_array
@@ -53,11 +54,10 @@ class EpisodeIndex:
         self._bind_arrays()
 
     def _bind_arrays(self) -> None:
-        # The per-step bookkeeping is a dozen element-wise operations on a few indices: on a
-        # CPU they run on numpy views of the same tensors (torch's per-operation cost made it
-        # ~75 us per batch), elsewhere on torch. The rare parts (an episode's end, a return
-        # back-fill) stay torch.
-        on_cpu = self.device.type == "cpu"
+        # numpy views on a CPU (storage.arrays: torch's per-operation cost made the per-step
+        # bookkeeping ~75 us per batch), the tensors elsewhere. The rare parts (an episode's
+        # end, a return back-fill) stay torch.
+        on_cpu = arrays.numpy_views(self.device)
         self._xp = np if on_cpu else torch
         view = (lambda t: t.numpy()) if on_cpu else (lambda t: t)
         self._begin, self._end = view(self.begin), view(self.end)

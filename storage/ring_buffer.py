@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import torch
 
+from storage import arrays
 from storage.allocator import MemoryAllocator, MmapAllocator
 from storage.backend import select_backend
 from storage.nest import leaves
@@ -31,7 +32,7 @@ class SlotInfo:
     def __init__(self, num_slots: int, allocator):
         self.use_count = allocator.tensor("slots.use_count", (num_slots,), torch.int64)
         self.version = allocator.tensor("slots.version", (num_slots,), torch.int64)
-        on_cpu = self.use_count.device.type == "cpu"
+        on_cpu = arrays.numpy_views(self.use_count.device)
         self._use_count = self.use_count.numpy() if on_cpu else self.use_count
         self._version = self.version.numpy() if on_cpu else self.version
 

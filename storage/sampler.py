@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from storage import arrays
 from storage.allocator import MemoryAllocator
 from storage.segment_tree import MaxSegmentTree, MinSegmentTree, SumSegmentTree
 
@@ -98,12 +99,9 @@ class SlotSampler:
         self.rebuild()
 
     # ----------------------------------------------------------------- arrays
-    # The bookkeeping below is a few dozen element-wise operations on small index
-    # batches. On a CPU they run on numpy views of the same tensors (about a
-    # microsecond per operation instead of several for torch); elsewhere on torch.
-    # Both libraries share the operator syntax used here, and ``xp`` names the other.
+    # numpy views on a CPU, the tensors elsewhere (storage.arrays); ``xp`` names the library.
     def _bind_arrays(self) -> None:
-        on_cpu = self.device.type == "cpu"
+        on_cpu = arrays.numpy_views(self.device)
         self.xp = np if on_cpu else torch
         view = (lambda t: t.numpy()) if on_cpu else (lambda t: t)
         self._cur = view(self.writer.current_pos)
@@ -240,7 +238,9 @@ class SlotSampler:
         """
         env_ids = torch.as_tensor(env_ids, dtype=torch.int64, device=self.device).reshape(-1)
         positions = torch.as_tensor(positions, dtype=torch.int64, device=self.device).reshape(-1)
-        priorities = torch.as_tensor(priorities, device=self.device).reshape(-1)
+        # The priority array's float64: numpy casts on assignment, torch's index_put does not.
+        priorities = torch.as_tensor(priorities, dtype=self.priority.dtype,
+                                     device=self.device).reshape(-1)
         if not env_ids.shape == positions.shape == priorities.shape:
             raise ValueError("env_ids, positions and priorities must have one shape")
         if env_ids.numel() and bool((env_ids.min() < 0) | (env_ids.max() >= self.num_envs)):

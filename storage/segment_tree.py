@@ -29,6 +29,8 @@ import math
 import numpy as np
 import torch
 
+from storage import arrays
+
 try:  # numba is a dependency; without it (a broken install) trees fall back to torch.
     from storage import _sum_batch_kernels, _tree_kernels
 except ImportError:  # pragma: no cover - exercised where numba is absent
@@ -508,8 +510,9 @@ class MaxSegmentTree(SegmentTree):
 
 
 def default_backend(device) -> str:
-    """numba on CPU (torch if numba failed to import); torch on any other device."""
-    if torch.device(device).type != "cpu":
+    """numba on CPU (torch if numba failed to import); torch on any other device, and on a
+    CPU while :data:`storage.arrays.TORCH_ON_CPU` is set."""
+    if not arrays.numpy_views(device):
         return "torch"
     return "numba" if _tree_kernels is not None else "torch"
 

@@ -48,7 +48,7 @@ def _unroll(alg, obs_space, act_space, T, B, seed=0):
         ts = _time_step(obs_space, act_space, B, rng, st)
         step = alg.rollout_step(ts, alg.get_initial_state(B))
         exp = make_experience(ts, step)
-        rows.append({k: (v.numpy() if isinstance(v, torch.Tensor) else v)
+        rows.append({k: (v.cpu().numpy() if isinstance(v, torch.Tensor) else v)
                      for k, v in exp.to_dict().items()})
     return Experience.from_dict({k: np.stack([r[k] for r in rows]) for k in rows[0]})
 

@@ -47,15 +47,21 @@ CASES = {
 }
 
 
-def _make(name: str, precision: str):
+DEVICES = ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])]
+
+
+def _make(name: str, precision: str, device: str = "cpu"):
     action_space, _ = CASES[name]
     config = configs.parse({"name": name, "precision": precision})
-    return algorithms.make(config, gym.spaces.Box(-1, 1, (5,), np.float32), action_space)
+    return algorithms.make(config, gym.spaces.Box(-1, 1, (5,), np.float32), action_space,
+                           device=device)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_bfloat16_runs_the_hidden_products_in_bfloat16_and_keeps_the_rest_float32(name):
-    alg = _make(name, "bfloat16")
+def test_bfloat16_runs_the_hidden_products_in_bfloat16_and_keeps_the_rest_float32(name, device):
+    alg = _make(name, "bfloat16", device)
     before = {k: v.clone() for k, v in alg.state_dict().items()}
     batch = _batch(5, CASES[name][1])
     with _MatmulDtypes() as seen:
@@ -74,9 +80,10 @@ def test_bfloat16_runs_the_hidden_products_in_bfloat16_and_keeps_the_rest_float3
     assert grads and all(g.dtype == torch.float32 for g in grads)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_float32_runs_every_product_in_float32(name):
-    alg = _make(name, "float32")
+def test_float32_runs_every_product_in_float32(name, device):
+    alg = _make(name, "float32", device)
     with _MatmulDtypes() as seen:
         alg.train_on(_batch(5, CASES[name][1]))
     assert seen.calls and {dtype for _, dtype, _ in seen.calls} == {torch.float32}

@@ -19,14 +19,26 @@ from storage import (
     StepType,
     TensorSpec,
     ThroughputMonitor,
+    arrays,
 )
 
+# "cpu-torch-path": the bookkeeping and the trees a GPU runs (storage.arrays.TORCH_ON_CPU), run
+# on the CPU, so that machines without a GPU test that path too.
 DEVICES = [
     "cpu",
+    "cpu-torch-path",
     pytest.param(
         "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
     ),
 ]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request, monkeypatch):
+    if request.param == "cpu-torch-path":
+        monkeypatch.setattr(arrays, "TORCH_ON_CPU", True)
+        return "cpu"
+    return request.param
 Step = namedtuple("Step", ["step_type", "reward", "discount", "observation"])
 SPEC = Step(
     TensorSpec((), torch.int64), TensorSpec(()), TensorSpec(()), TensorSpec((4,), torch.float32)
@@ -58,7 +70,6 @@ def chi_square_p_value(observed, expected):
 
 
 # ----------------------------------------------------------------- statistics
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("alpha", [1.0, 0.6])
 def test_prioritized_frequencies_match_p_alpha(device, alpha):
     rb = ReplayBuffer(
@@ -88,7 +99,6 @@ def test_prioritized_frequencies_match_p_alpha(device, alpha):
     assert chi_square_p_value(observed, [2000.0] * 20) < 1e-6
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_importance_weights_match_definition(device):
     rb = ReplayBuffer(SPEC, 2, 8, prioritized_sampling=True, device=device, seed=0)
     fill(rb, 8)
@@ -153,7 +163,6 @@ def test_ere_emphasizes_recent_data():
 
 
 # ----------------------------------------------------------------- ALF defects
-@pytest.mark.parametrize("device", DEVICES)
 def test_short_environment_never_sampled_into_unwritten_slots(device):
     rb = ReplayBuffer(SPEC, 3, 10, device=device, seed=5)
     fill(rb, 8, env_ids=[0])
@@ -168,7 +177,6 @@ def test_short_environment_never_sampled_into_unwritten_slots(device):
         )
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_clear_subset_resets_priorities_and_counters(device):
     rb = ReplayBuffer(SPEC, 2, 6, prioritized_sampling=True, device=device, seed=0)
     fill(rb, 6)
@@ -305,7 +313,6 @@ def test_changing_batch_length_keeps_learned_priorities():
 
 
 # ----------------------------------------------------------------- state
-@pytest.mark.parametrize("device", DEVICES)
 def test_restored_buffer_samples_exactly_like_the_original(device):
     kwargs = dict(prioritized_sampling=True, device=device, keep_episodic_info=True)
     rb = ReplayBuffer(SPEC, 3, 16, seed=9, **kwargs)
