@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import Counter, namedtuple
 
+import numpy as np
 import pytest
 import torch
 
@@ -97,6 +98,14 @@ def test_prioritized_frequencies_match_p_alpha(device, alpha):
     assert chi_square_p_value(observed, expected) > 0.001
     # The test has power: uniform frequencies are rejected.
     assert chi_square_p_value(observed, [2000.0] * 20) < 1e-6
+
+
+def test_cpu_torch_path_builds_the_gpu_bookkeeping(device):
+    rb = ReplayBuffer(SPEC, 2, 8, prioritized_sampling=True, device=device, seed=0)
+    on_numpy = device == "cpu" and not arrays.TORCH_ON_CPU
+    assert rb.backend.name == ("fused" if on_numpy else "reference")
+    assert rb.sampler.xp is (np if on_numpy else torch)
+    assert rb.sampler.sum_tree.backend == ("numba" if on_numpy else "torch")
 
 
 def test_importance_weights_match_definition(device):

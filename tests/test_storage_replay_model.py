@@ -13,13 +13,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage import ReplayBuffer, StepType, TensorSpec, nstep_returns
+from storage import ReplayBuffer, StepType, TensorSpec, arrays, nstep_returns
 
-# (device, tree kernel, backend): fused numba, reference on numba trees, reference on torch.
+# (device, tree kernel, backend): fused numba, reference on numba trees, reference on torch;
+# "cpu-torch-path": the bookkeeping and trees a GPU runs, on the CPU (storage.arrays).
 DEVICES = [
     ("cpu", None, None),
     ("cpu", "numba", "reference"),
     ("cpu", "torch", None),
+    ("cpu-torch-path", None, None),
     pytest.param(
         ("cuda", None, None),
         marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
@@ -130,6 +132,17 @@ def programs(draw):
 @given(program=programs(), data=st.data())
 def test_buffer_matches_model(device, program, data):
     device, tree_backend, backend = device
+    if device == "cpu-torch-path":
+        device = "cpu"
+        arrays.TORCH_ON_CPU = True  # read when the buffer is built (a fixture would outlive
+        try:                        # one hypothesis example)
+            return _buffer_matches_model(device, None, None, program, data)
+        finally:
+            arrays.TORCH_ON_CPU = False
+    return _buffer_matches_model(device, tree_backend, backend, program, data)
+
+
+def _buffer_matches_model(device, tree_backend, backend, program, data):
     num_envs, max_length, nefi, prioritized, ops = program
     rb = ReplayBuffer(
         SPEC,
