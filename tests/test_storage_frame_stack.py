@@ -81,9 +81,9 @@ def test_stack_shapes():
     assert stack_shape((5,), 3) == (15,)
 
 
-@pytest.mark.parametrize("backend", ["fused", "reference"])
 @pytest.mark.parametrize("mmap", [False, True])
-def test_rebuilt_stacks_equal_those_of_a_frame_stacker_in_the_env_loop(tmp_path, backend, mmap):
+def test_rebuilt_stacks_equal_those_of_a_frame_stacker_in_the_env_loop(tmp_path, replay_backend,
+                                                                         mmap):
     """Random episodes in 3 envs over wrapping rings: every sampled step's rebuilt stack is
     the one a running frame stacker (reset on FIRST) had built when the step was taken."""
     k, num_envs, length = 4, 3, 24
@@ -94,7 +94,7 @@ def test_rebuilt_stacks_equal_those_of_a_frame_stacker_in_the_env_loop(tmp_path,
         length,
         num_earliest_frames_ignored=k - 1,
         keep_episodic_info=True,
-        backend=backend,
+        backend=replay_backend,
         seed=1,
         storage_dir=str(tmp_path / "replay") if mmap else None,
     )

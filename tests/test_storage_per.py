@@ -28,7 +28,6 @@ PRIORITIES = [0.0, 0.75, 1.75, 3.75]
 P = [0.1017457, 0.2034914, 0.2877802, 0.4069827]
 ALF_WEIGHTS = [0.4069827, 0.8139654, 1.151121, 1.6279309]
 PER_WEIGHTS = [1.0, 0.659754, 0.535887, 0.435275]
-BACKENDS = ["fused", "reference"]
 
 
 def make(backend, beta=None, controls=(), seed=0):
@@ -56,9 +55,8 @@ def weights_by_position(rb, draws=64):
     return seen
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_leaves_and_alf_weights_match_hand_computed(backend):
-    rb = make(backend)
+def test_leaves_and_alf_weights_match_hand_computed(replay_backend):
+    rb = make(replay_backend)
     assert rb.sampler.sum_tree.total() == pytest.approx(3.5 + math.sqrt(2), rel=1e-9)
     seen = weights_by_position(rb)
     assert sorted(seen) == [0, 1, 2, 3]
@@ -66,16 +64,14 @@ def test_leaves_and_alf_weights_match_hand_computed(backend):
         assert w == pytest.approx(ALF_WEIGHTS[pos], abs=2e-6)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_per_weights_with_beta_match_hand_computed(backend):
-    seen = weights_by_position(make(backend, beta=0.6))
+def test_per_weights_with_beta_match_hand_computed(replay_backend):
+    seen = weights_by_position(make(replay_backend, beta=0.6))
     for pos, w in seen.items():
         assert w == pytest.approx(PER_WEIGHTS[pos], abs=2e-6)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_sampling_frequencies_match_hand_computed_probabilities(backend):
-    rb = make(backend, seed=1)
+def test_sampling_frequencies_match_hand_computed_probabilities(replay_backend):
+    rb = make(replay_backend, seed=1)
     rb._with_replacement = True
     n = 40_000
     counts = Counter()
@@ -87,14 +83,13 @@ def test_sampling_frequencies_match_hand_computed_probabilities(backend):
     assert stat < 16.27, (observed, stat)  # chi-square, 3 dof, p = 0.001
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_new_steps_get_the_max_priority_through_alpha_and_eps(backend):
+def test_new_steps_get_the_max_priority_through_alpha_and_eps(replay_backend):
     rb = ReplayBuffer(
         SPEC,
         1,
         8,
         prioritized_sampling=True,
-        backend=backend,
+        backend=replay_backend,
         seed=0,
         per=PER(alpha=0.5, epsilon=0.25),
         initial_priority=1.0,
@@ -108,10 +103,9 @@ def test_new_steps_get_the_max_priority_through_alpha_and_eps(backend):
     assert rb.sampler.sum_tree.total() == pytest.approx(3.5 + math.sqrt(2) + 2.0, rel=1e-9)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_beta_anneals_linearly_to_one_and_is_checkpointed(backend):
+def test_beta_anneals_linearly_to_one_and_is_checkpointed(replay_backend):
     schedule = BetaSchedule(beta_start=0.4, anneal_samples=100)
-    rb = make(backend, beta=0.4, controls=(schedule,))
+    rb = make(replay_backend, beta=0.4, controls=(schedule,))
     for _ in range(5):
         rb.get_batch(10, 1)
     assert schedule.beta == pytest.approx(0.7)  # 50 of 100 items drawn
@@ -121,7 +115,7 @@ def test_beta_anneals_linearly_to_one_and_is_checkpointed(backend):
         assert w == pytest.approx(ratio[pos] ** -0.7, abs=2e-6)
     state = rb.state_dict()
     restored_schedule = BetaSchedule(beta_start=0.4, anneal_samples=100)
-    restored = make(backend, beta=0.4, controls=(restored_schedule,))
+    restored = make(replay_backend, beta=0.4, controls=(restored_schedule,))
     restored.load_state_dict(state)
     assert restored_schedule.beta == pytest.approx(0.76)  # 60 of 100 drawn
     for _ in range(10):
