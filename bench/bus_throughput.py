@@ -533,7 +533,7 @@ def main(argv=None) -> int:
         if args.profile:
             os.makedirs(args.profile, exist_ok=True)
             measure("ours", size, args.seconds, profile_dir=args.profile, many=args.send_many,
-                    recv_many=args.recv_many)
+                    recv_many=args.recv_many, coalesce=args.coalesce)
 
     how = f"send_many of {args.send_many}" if args.send_many > 1 else "one send per message"
     how += ", recv_many" if args.recv_many else ", one recv per message"

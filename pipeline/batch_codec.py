@@ -31,17 +31,18 @@ from pipeline.messages import WIRE_KINDS, Batch, fills_its_dict
 
 _UNPACKERS: dict[type, object] = {}  # message class -> its generated item loop
 _SMALL_TYPES = frozenset({int, float, str, bool, type(None)})  # never an array
+_NDARRAY = np.ndarray
+_INLINE_MAX = codec.INLINE_MAX  # per small message: module constants, not attribute reads
 
 
-def wire_messages(msgs, all_small: bool = False) -> list:
+def wire_messages(msgs) -> list:
     """What ``send_many(msgs)`` puts on the wire, in order: each run of small messages as one
     :class:`~pipeline.messages.Batch` (a run of one as the message itself), and each message
     with an array of :data:`~pipeline.codec.INLINE_MAX` bytes or more in a field as itself.
 
     Why: batching pays per small message; an array that large travels as its own zero-copy
     frame anyway, and 64 messages of 64 KiB as one batch went at half the rate of sending them
-    one by one (they hold a quarter of the byte window each time). ``all_small``: the caller
-    checked already (:func:`has_large_array`)."""
+    one by one (they hold a quarter of the byte window each time)."""
     out: list = []
     items: list = []  # the current run of small messages, as batch items
     first = None  # its first message (a run of one is sent as itself)
@@ -54,7 +55,7 @@ def wire_messages(msgs, all_small: bool = False) -> list:
                 raise TypeError("a batch cannot hold a batch")
             last, name, values = cls, kind.name, kind.values
         fields = values(msg)
-        if not all_small and _any_large(fields):
+        if _any_large(fields):
             _close_run(items, first, out)
             items, first = [], None
             out.append(msg)
@@ -66,22 +67,28 @@ def wire_messages(msgs, all_small: bool = False) -> list:
     return out
 
 
-def has_large_array(msg) -> bool:
-    """Whether a field of ``msg`` holds an array of ``INLINE_MAX`` bytes or more (it travels
-    on its own: see :func:`wire_messages`)."""
-    kind = _KINDS.get(type(msg)) or _kind_of(type(msg))
-    return _any_large(kind.values(msg))
+def small_item(msg) -> list | None:
+    """``msg`` as a batch item ``[kind, *field values]``, or None when a field holds an array
+    of ``INLINE_MAX`` bytes or more (it travels on its own: see :func:`wire_messages`). For a
+    publisher that batches messages as they come (a coalescing topic): the field values are
+    read once, for the check and the item."""
+    cls = type(msg)
+    kind = _KINDS.get(cls) or _kind_of(cls)
+    if kind.name == Batch.KIND:
+        raise TypeError("a batch cannot hold a batch")
+    fields = kind.values(msg)
+    if _any_large(fields):
+        return None
+    return [kind.name, *fields]
 
 
 def _any_large(fields) -> bool:
     for value in fields:
-        kind_of_value = type(value)
-        if kind_of_value in _SMALL_TYPES:
+        cls = type(value)
+        if cls in _SMALL_TYPES:
             continue
-        if kind_of_value is np.ndarray:
-            if value.nbytes >= codec.INLINE_MAX:
-                return True
-        elif getattr(value, "nbytes", 0) >= codec.INLINE_MAX:  # a tensor
+        # an ndarray's nbytes directly; a tensor's too; anything else has none
+        if (value.nbytes if cls is _NDARRAY else getattr(value, "nbytes", 0)) >= _INLINE_MAX:
             return True
     return False
 

@@ -131,7 +131,8 @@ class ReliablePublisher:
         # coalesce: small unkeyed messages sent in one turn of the loop go as one batch (see
         # send); _held are those not yet released to the groups.
         self.coalesce = coalesce
-        self._held: list = []
+        self._held: list = []  # batch items (batch_codec.small_item)
+        self._held_first = None  # the first of them, as the message
         self._release_due = False
         self.stats = TopicStats()
         self.seq = 0
@@ -177,9 +178,12 @@ class ReliablePublisher:
         large message after them) releases them first, so order and the end-to-end
         acknowledgement are as without coalescing."""
         if self.coalesce:
-            if key is None and type(msg) is not Batch and not batch_codec.has_large_array(msg):
+            item = None if key is not None or type(msg) is Batch else batch_codec.small_item(msg)
+            if item is not None:
                 held = self._held
-                held.append(msg)
+                if not held:
+                    self._held_first = msg  # a run of one goes as the message itself
+                held.append(item)
                 if len(held) >= COALESCE_MAX:
                     await self._wait_while_full()
                     self.release_held()
@@ -196,8 +200,8 @@ class ReliablePublisher:
         self._release_due = False
         if self._held:
             held, self._held = self._held, []
-            for msg in batch_codec.wire_messages(held, all_small=True):
-                self._enqueue(msg, None)
+            first, self._held_first = self._held_first, None
+            self._enqueue(Batch(held) if len(held) > 1 else first, None)
 
     async def _wait_while_full(self) -> None:
         if self.stats.depth >= self.hwm or self.queued_bytes >= self.hwm_bytes:
