@@ -40,6 +40,7 @@ from algorithms.data import (
 from algorithms.data_transformer import SequentialDataTransformer, from_configs
 from algorithms.losses import importance_weighted_mean
 from algorithms.optim import FusedAdam
+from algorithms.precision import BFloat16Shadows
 
 
 class RLAlgorithm(nn.Module):
@@ -69,6 +70,7 @@ class RLAlgorithm(nn.Module):
                              f"got {precision!r}")
         self.precision = precision
         self._precision_checked = False
+        self._shadows: BFloat16Shadows | None = None  # made at the first bfloat16 update
         self.observation_space = observation_space
         self.action_space = action_space
         self.device = torch.device(device)
@@ -195,12 +197,14 @@ class RLAlgorithm(nn.Module):
     def training_precision(self) -> contextlib.AbstractContextManager:
         """The context an update's forward pass and loss run in.
 
-        ``float32``: nothing changes. ``bfloat16``: mixed precision (``torch.autocast``): the
-        hidden layers' matrix products run in bfloat16, twice as fast as float32 on a CPU
-        with AVX512-BF16 or AMX and on recent GPUs, which is most of an update of 256-unit
-        networks; parameters, gradients, optimizer state, the output layers (values, logits,
-        action means, see :func:`algorithms.networks.output_layer`) and the losses stay
-        float32. Acting always runs in float32 (one observation: nothing to gain)."""
+        ``float32``: nothing changes. ``bfloat16``: mixed precision: the hidden layers'
+        matrix products run in bfloat16, twice as fast as float32 on a CPU with AVX512-BF16
+        or AMX and on recent GPUs, which is most of an update of 256-unit networks;
+        parameters, gradients, optimizer state, the output layers (values, logits, action
+        means, see :func:`algorithms.networks.output_layer`) and the losses stay float32
+        (how: :mod:`algorithms.precision`; the gradients reach the float32 parameters in
+        :meth:`_apply_gradient`). Acting always runs in float32 (one observation: nothing to
+        gain)."""
         dtype = TRAINING_PRECISIONS[self.precision]
         if dtype is None:
             return contextlib.nullcontext()
@@ -210,7 +214,9 @@ class RLAlgorithm(nn.Module):
                 warnings.warn(f"precision: bfloat16 on {self.device.type} without native "
                               "bfloat16 arithmetic (no AVX512-BF16 or AMX): updates will be "
                               "slower than in float32", RuntimeWarning, stacklevel=2)
-        return torch.autocast(self.device.type, dtype=dtype)
+        if self._shadows is None or self._shadows.stale():
+            self._shadows = BFloat16Shadows(self)
+        return self._shadows.active()
 
     # ----- the step interface ---------------------------------------------------------------
     def get_initial_state(self, batch_size: int) -> Any:
@@ -255,6 +261,8 @@ class RLAlgorithm(nn.Module):
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
         loss.backward()
+        if self._shadows is not None:
+            self._shadows.gradients_to_masters()
         if self.max_grad_norm:
             for opt in optimizers:
                 _clip_grad_norm([p for g in opt.param_groups for p in g["params"]],

@@ -145,9 +145,13 @@ class ConvEncoder(nn.Module):
         self.body = nn.Sequential(*layers, nn.Flatten())
         with torch.no_grad():
             self.output_size = int(self.body(torch.zeros(1, c, h, w)).shape[-1])
+        # The first convolution (a tuple: not registered twice): its dtype is the input's.
+        self._first = (next(m for m in self.body.modules() if isinstance(m, nn.Conv2d)),)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(self.input(x))
+        x = self.input(x)
+        dtype = self._first[0].weight.dtype
+        return self.body(x if x.dtype == dtype else x.to(dtype))
 
 
 def make_encoder(shape: Sequence[int], kind: str = "mlp", layout: str = "auto",

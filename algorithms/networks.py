@@ -46,9 +46,16 @@ class EncodingNetwork(nn.Module):
             n = size
         self.net = nn.Sequential(*layers)
         self.output_size = n
+        # The encoder and the fully connected layers after it (tuples: not registered twice).
+        self._body, self._fc = (layers[0],), tuple(layers[1:])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+        h = self._body[0](x)
+        if self._fc:
+            h = compute_input(h, self._fc[0].weight)
+            for layer in self._fc:
+                h = layer(h)
+        return h
 
 
 class OutputLinear(nn.Linear):
@@ -62,11 +69,18 @@ class OutputLinear(nn.Linear):
 
 
 def output_layer(layer, x: torch.Tensor, *args) -> torch.Tensor:
-    """``layer(x, *args)`` in float32, with autocast off where it is on."""
-    if not torch.is_autocast_enabled(x.device.type):
-        return layer(x, *args)
-    with torch.autocast(x.device.type, enabled=False):
-        return layer(x.float(), *args)
+    """``layer(x, *args)`` in float32: ``x`` from bfloat16 hidden layers (see
+    :mod:`algorithms.precision`) is cast back, and autocast is off where a caller turned it on."""
+    if torch.is_autocast_enabled(x.device.type):
+        with torch.autocast(x.device.type, enabled=False):
+            return layer(x.float(), *args)
+    return layer(x if x.dtype == torch.float32 else x.float(), *args)
+
+
+def compute_input(x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """``x`` in the dtype of a network's first hidden parameter ``first``: bfloat16 during a
+    bfloat16 update (:mod:`algorithms.precision`), else as it is."""
+    return x if x.dtype == first.dtype or not x.is_floating_point() else x.to(first.dtype)
 
 
 def _head(n_in: int, n_out: int, scale: float = 1.0) -> nn.Linear:
@@ -144,8 +158,13 @@ class ParallelMLP(nn.Module):
         self.act = activation()
         self.num_replicas = num_replicas
 
+    def hidden_parameter_slots(self) -> list[tuple[nn.Module, str]]:
+        """Every layer's weight and bias but the output layer's (:mod:`algorithms.precision`)."""
+        n = len(self.weights) - 1
+        return [(params, str(i)) for i in range(n) for params in (self.weights, self.biases)]
+
     def forward(self, x: torch.Tensor, detach_params: bool = False) -> torch.Tensor:
-        h = x.unsqueeze(0).expand(self.num_replicas, *x.shape)
+        h = compute_input(x.unsqueeze(0).expand(self.num_replicas, *x.shape), self.weights[0])
         n = len(self.weights)
         for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
             if detach_params:

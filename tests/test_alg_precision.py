@@ -31,12 +31,12 @@ class _MatmulDtypes(TorchDispatchMode):
         return out
 
 
-def _batch(obs_dim: int, action, B: int = 32, T: int = 2) -> Experience:
+def _batch(obs_shape, action, B: int = 32, T: int = 2) -> Experience:
     rng = np.random.default_rng(0)
     return Experience(
         step_type=np.ones((B, T), np.int64), reward=rng.normal(size=(B, T)).astype(np.float32),
         discount=np.ones((B, T), np.float32),
-        observation=rng.normal(size=(B, T, obs_dim)).astype(np.float32),
+        observation=rng.normal(size=(B, T, *np.atleast_1d(obs_shape))).astype(np.float32),
         action=action(rng, (B, T)), prev_action=(), env_id=(), rollout_info={})
 
 
@@ -51,10 +51,11 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])]
 
 
-def _make(name: str, precision: str, device: str = "cpu"):
+def _make(name: str, precision: str, device: str = "cpu", obs_shape=(5,), encoder="mlp"):
     action_space, _ = CASES[name]
-    config = configs.parse({"name": name, "precision": precision})
-    return algorithms.make(config, gym.spaces.Box(-1, 1, (5,), np.float32), action_space,
+    config = configs.parse({"name": name, "precision": precision, "encoder": encoder,
+                            "image_layout": "chw" if encoder != "mlp" else "auto"})
+    return algorithms.make(config, gym.spaces.Box(-1, 1, obs_shape, np.float32), action_space,
                            device=device)
 
 
@@ -128,3 +129,33 @@ def test_bfloat16_with_native_support_does_not_warn(monkeypatch):
         warnings.simplefilter("error")
         alg.train_on(_batch(5, CASES["sac"][1]))
     assert base.native_bfloat16(torch.device("cpu")) is True
+
+
+
+def _autocast_twin(alg, name: str, **kwargs):
+    """The same algorithm in float32 whose updates run under ``torch.autocast(bfloat16)``:
+    what ``precision: bfloat16`` must equal (mixed precision as PyTorch defines it)."""
+    twin = _make(name, "float32", **kwargs)
+    twin.load_state_dict(alg.state_dict())
+    twin.training_precision = lambda: torch.autocast("cpu", torch.bfloat16)
+    return twin
+
+
+@pytest.mark.parametrize("name,obs_shape,encoder",
+                         [("sac", (5,), "mlp"), ("dqn", (5,), "mlp"),
+                          ("dqn", (4, 10, 10), "minatar_cnn")])
+def test_bfloat16_updates_equal_autocast_updates_bitwise(name, obs_shape, encoder):
+    """The bfloat16 copies of the hidden parameters (algorithms.precision) compute what
+    autocast computes: the same parameters after several updates, to the bit."""
+    kwargs = {"obs_shape": obs_shape, "encoder": encoder}
+    alg = _make(name, "bfloat16", **kwargs)
+    ref = _autocast_twin(alg, name, **kwargs)
+    before = {k: v.clone() for k, v in alg.state_dict().items()}
+    batch = _batch(obs_shape, CASES[name][1])
+    for model in (alg, ref):
+        torch.manual_seed(3)  # SAC samples actions in its update
+        for _ in range(3):
+            model.train_on(batch)
+    mine, theirs = alg.state_dict(), ref.state_dict()
+    assert any(not torch.equal(mine[k], before[k]) for k in mine if mine[k].is_floating_point())
+    assert [k for k in mine if not torch.equal(mine[k], theirs[k])] == []
