@@ -24,7 +24,7 @@ import zmq
 
 from pipeline import codec
 from pipeline.channel import Channel
-from pipeline.sockets import bind, send_now
+from pipeline.sockets import ZERO_COPY_MIN, bind, send_now
 from pipeline.topics import LATEST, LOSSY, TopicStats
 
 if TYPE_CHECKING:
@@ -105,8 +105,9 @@ class BroadcastPublisher(_XPubSide):
             self._send(self._newest)  # a late joiner still gets the current value
 
     def _send(self, frames: list) -> None:
+        copy = sum(memoryview(f).nbytes for f in frames) < ZERO_COPY_MIN
         try:
-            send_now(self.sock, [self._topic_frame, *frames])
+            send_now(self.sock, [self._topic_frame, *frames], copy=copy)
         except zmq.Again:
             self.stats.dropped += 1
 

@@ -34,7 +34,7 @@ from pipeline import batch_codec, codec
 from pipeline.broadcast import Tap
 from pipeline.channel import Channel
 from pipeline.messages import Batch, Credit, Join, Leave, LeaveAck
-from pipeline.sockets import bind, tap_endpoint
+from pipeline.sockets import ZERO_COPY_MIN, bind, tap_endpoint
 from pipeline.topics import HWM_BYTES, TopicStats, partition_of
 
 if TYPE_CHECKING:
@@ -70,12 +70,9 @@ ACK_DELAY_S = 0.002  # how long an idle subscriber may sit on credit below the b
 _DATA = b"D"
 _BATCH = b"B"
 _CTRL = b"C"
-# A batch head at least this big is sent in place; a smaller one is copied. Zero-copy hands a
-# Python reference to pyzmq's garbage-collector thread and takes a GIL round trip on release,
-# which costs more than copying a few hundred KiB: a batch of 64 4-KiB messages (260 KiB) takes
-# ~15 µs to send copied and ~22 µs in place, plus the collector's work. Array frames keep
-# pyzmq's threshold (in place from 64 KiB): measured faster between two processes at 64 KiB.
-ZERO_COPY_MIN = 512 << 10
+# A batch head at least ZERO_COPY_MIN (sockets.py) is sent in place; a smaller one is copied.
+# Array frames keep pyzmq's threshold (in place from 64 KiB): measured faster between two
+# processes at 64 KiB.
 
 
 def _nbytes(frame) -> int:
