@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from algorithms.precision import compute_input
+
 ENCODERS = ("mlp", "nature_cnn", "impala", "minatar_cnn")
 
 
@@ -145,13 +147,12 @@ class ConvEncoder(nn.Module):
         self.body = nn.Sequential(*layers, nn.Flatten())
         with torch.no_grad():
             self.output_size = int(self.body(torch.zeros(1, c, h, w)).shape[-1])
-        # The first convolution (a tuple: not registered twice): its dtype is the input's.
+        # The first convolution (a tuple: not registered twice): its dtype is the input's
+        # (bfloat16 during a bfloat16 update, see algorithms.precision).
         self._first = (next(m for m in self.body.modules() if isinstance(m, nn.Conv2d)),)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.input(x)
-        dtype = self._first[0].weight.dtype
-        return self.body(x if x.dtype == dtype else x.to(dtype))
+        return self.body(compute_input(self.input(x), self._first[0].weight))
 
 
 def make_encoder(shape: Sequence[int], kind: str = "mlp", layout: str = "auto",

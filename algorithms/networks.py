@@ -16,6 +16,7 @@ import torch.distributions as td
 from torch import nn
 
 from algorithms.encoders import make_encoder
+from algorithms.precision import compute_input
 
 
 def _flat_dim(space: gym.spaces.Space) -> int:
@@ -75,12 +76,6 @@ def output_layer(layer, x: torch.Tensor, *args) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):
             return layer(x.float(), *args)
     return layer(x if x.dtype == torch.float32 else x.float(), *args)
-
-
-def compute_input(x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-    """``x`` in the dtype of a network's first hidden parameter ``first``: bfloat16 during a
-    bfloat16 update (:mod:`algorithms.precision`), else as it is."""
-    return x if x.dtype == first.dtype or not x.is_floating_point() else x.to(first.dtype)
 
 
 def _head(n_in: int, n_out: int, scale: float = 1.0) -> nn.Linear:

@@ -10,8 +10,8 @@ every hidden-layer parameter from its float32 master in one call and puts the co
 modules' place; after the forward pass the masters go back. The backward pass fills the
 copies' gradients (bfloat16, as the products give them), and :meth:`gradients_to_masters`
 copies them into the masters' float32 gradients in one call before clipping and the optimizer
-step. Networks cast their input to their first layer's dtype and output layers cast back to
-float32 (:func:`algorithms.networks.output_layer`).
+step. Networks cast their input to their first layer's dtype (:func:`compute_input`) and
+output layers cast back to float32 (:func:`algorithms.networks.output_layer`).
 
 Why not ``torch.autocast``: it computes the same values, but casts each weight again in
 every forward pass that is not its first (a target network, parameters detached for an actor
@@ -49,6 +49,12 @@ def hidden_parameters(module: nn.Module) -> list[tuple[nn.Module, str]]:
     return out
 
 
+def compute_input(x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """``x`` in the dtype of a network's first hidden parameter ``first``: bfloat16 during a
+    bfloat16 update, else as it is."""
+    return x if x.dtype == first.dtype or not x.is_floating_point() else x.to(first.dtype)
+
+
 class BFloat16Shadows:
     """bfloat16 copies of ``module``'s hidden-layer parameters (see the module docstring)."""
 
@@ -63,7 +69,7 @@ class BFloat16Shadows:
         self._grads = [torch.zeros_like(m) for m, _ in self._trained]
 
     def stale(self) -> bool:
-        """The masters moved to another device (or dtype) since the copies were made."""
+        """The masters moved to another device since the copies were made."""
         return any(m.device != s.device for m, s in zip(self.masters, self.shadows, strict=True))
 
     @contextlib.contextmanager

@@ -71,7 +71,9 @@ def small_item(msg) -> list | None:
     """``msg`` as a batch item ``[kind, *field values]``, or None when a field holds an array
     of ``INLINE_MAX`` bytes or more (it travels on its own: see :func:`wire_messages`). For a
     publisher that batches messages as they come (a coalescing topic): the field values are
-    read once, for the check and the item."""
+    read once, for the check and the item. :func:`wire_messages` inlines the same steps with
+    the kind looked up once per run of one class: calling this per message there measured
+    0.55-0.85 µs per message against 0.31-0.55."""
     cls = type(msg)
     kind = _KINDS.get(cls) or _kind_of(cls)
     if kind.name == Batch.KIND:
