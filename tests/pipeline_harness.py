@@ -102,6 +102,15 @@ class LiveRun:
             self.stderr_lines.append(self.proc.stderr.read())
         return " | ".join("".join(self.stderr_lines).strip().splitlines()[-lines:])
 
+    def ended_because(self, timeout_s: float = 120) -> str:
+        """For a failure message when a run stopped when it should not have: wait for run.py
+        to exit and return its last words (the supervisor prints why the run ended)."""
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return f"run.py still running after {timeout_s:.0f}s"
+        return f"run.py exited {self.proc.returncode}: {self.stderr_tail(12)}"
+
     @property
     def stderr(self) -> str:
         return "".join(self.stderr_lines)
