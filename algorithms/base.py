@@ -10,7 +10,7 @@ How the pieces are driven (one process or many)::
     # learner
     result = alg.train_on(batch, importance_weights)   # [B, T] off-policy or [T, B] on-policy
     replay.update_priorities(indices, result.priorities)
-    params = alg.policy_state_dict()               # to unrollers and evaluators
+    params = alg.policy_params()                   # to unrollers and evaluators
     # evaluator
     alg.load_policy_state_dict(params); alg.predict_step(time_step, state).output
 
@@ -40,6 +40,7 @@ from algorithms.data import (
 from algorithms.data_transformer import SequentialDataTransformer, from_configs
 from algorithms.losses import importance_weighted_mean
 from algorithms.optim import FusedAdam
+from algorithms.policy_pack import PolicyPack, is_packed
 from algorithms.precision import BFloat16Shadows
 
 
@@ -108,6 +109,7 @@ class RLAlgorithm(nn.Module):
         self._optimizer_specs: dict[str, tuple[list, float, dict]] = {}
         self._optimizers: dict | None = None  # name -> optimizer (a group of _fused, or Adam)
         self._fused: FusedAdam | None = None
+        self._policy_pack: PolicyPack | None = None  # made on first use
 
     # ----- construction helpers -------------------------------------------------------------
     def _add_optimizer(self, name: str, params, lr: float, **kwargs) -> None:
@@ -312,8 +314,24 @@ class RLAlgorithm(nn.Module):
                 out[f"{name}.{k}"] = v.detach().to("cpu", copy=True)
         return out
 
+    def policy_params(self) -> dict[str, Any]:
+        """What ``predict_step``/``rollout_step`` need, as a learner publishes it: the tensors
+        of :meth:`policy_state_dict`, packed into one flat copy per dtype
+        (:mod:`algorithms.policy_pack`; far cheaper to take, send and load)."""
+        return self._packer().pack()
+
+    def _packer(self) -> PolicyPack:
+        if self._policy_pack is None:
+            self._policy_pack = PolicyPack({name: getattr(self, name)
+                                            for name in self._policy_module_names()})
+        return self._policy_pack
+
     def load_policy_state_dict(self, d: dict[str, Any]) -> None:
-        """Load what ``policy_state_dict`` exported (tensors or numpy arrays)."""
+        """Load what ``policy_state_dict`` or ``policy_params`` exported (tensors or numpy
+        arrays)."""
+        if is_packed(d):
+            self._packer().unpack(d)
+            return
         for name in self._policy_module_names():
             prefix = f"{name}."
             sub = {k[len(prefix):]: to_tensor(v) for k, v in d.items() if k.startswith(prefix)}

@@ -127,7 +127,7 @@ class Learner:
 
     async def publish_params(self) -> None:
         await self.params.send(Params(self.version, self.env_steps,
-                                      self.alg.policy_state_dict(), self.epoch))
+                                      self.alg.policy_params(), self.epoch))
         self.probe.record(self.alg, self.version)
         self.node.status.update(version=self.version, epoch=str(self.epoch))  # not a figure to show
 
@@ -221,6 +221,7 @@ class Learner:
             while len(pending) < config.prefetch:  # the next batches come while we train
                 pending.append(await self._submit(client, length))
             waited = time.perf_counter()
+            client.drain()  # the reply that came while we trained: ready now, not next round
             try:
                 # Kept on stop: cancelled below with the other requests in flight.
                 envelope = await self.node.wait_or_stop(pending[0], cancel=False)

@@ -179,6 +179,14 @@ class ServiceClient:
             self.stats.malformed += 1
             future.set_exception(exc)
 
+    def drain(self) -> None:
+        """Take in every reply already waiting on the sockets now, completing its future
+        without a trip through the event loop. For a caller that computed while its prefetched
+        reply arrived (the learner trains while its next batch comes): the reply is then ready
+        at once, where awaiting it would first go round the loop (~50 µs per update)."""
+        for _, channel in self._conns.values():
+            channel.drain()
+
     async def request(self, msg, timeout: float = 30.0) -> codec.Envelope:
         """Send ``msg`` to one server and wait for its reply; TimeoutError after ``timeout``."""
         if not self._available.is_set():

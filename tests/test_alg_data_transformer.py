@@ -153,7 +153,7 @@ def test_learner_statistics_reach_unroller_and_evaluator_through_policy_params()
             "data_transformer.transformers.3.stats.var",
             "data_transformer.transformers.3.update_calls"} <= set(params)
     unroller.load_policy_state_dict({k: v.numpy() for k, v in params.items()})
-    evaluator.load_policy_state_dict(params)
+    evaluator.load_policy_state_dict(learner.policy_params())  # packed: float64 and int64 too
     probe = ts(np.array([[1.0, -2.0, 30.0], [3.0, 3.0, 3.0]]))
     views = [a.transform_timestep(probe)[0].observation for a in (learner, unroller, evaluator)]
     expected = np.clip((probe.observation - raw_obs.reshape(-1, 3).mean(0))

@@ -144,6 +144,50 @@ def test_policy_state_dict_round_trip(name, obs_space, act_space):
 
 
 @pytest.mark.parametrize("name,obs_space,act_space", CASES, ids=IDS)
+def test_packed_policy_params_cross_the_wire_exactly(name, obs_space, act_space):
+    """What a learner publishes (one flat array per dtype) loads bit for bit into a receiver,
+    through the real codec, and is a copy taken when it was made."""
+    from nodes.messages import Params
+    from pipeline import codec
+
+    src = algorithms.make(name, obs_space, act_space, **SMALL[name])
+    dst = algorithms.make(name, obs_space, act_space, **SMALL[name])
+    batch = _batch(src, obs_space, act_space)
+    src.train_on(batch)
+    packed = src.policy_params()
+    expected = {k: v.clone() for k, v in src.policy_state_dict().items()}
+    src.train_on(batch)  # moves the source; the packed copy must not move with it
+    wire = codec.decode(codec.encode(Params(1, 0, packed, 7), "learner.0")).message
+    dst.load_policy_state_dict(wire.params)
+    got = dst.policy_state_dict()
+    assert set(got) == set(expected)
+    for k, v in expected.items():
+        torch.testing.assert_close(got[k], v, rtol=0, atol=0, msg=k)
+
+
+def test_packed_policy_of_another_layout_is_refused():
+    obs, act = CASES[0][1], CASES[0][2]
+    src = algorithms.make("dqn", obs, act, fc_layer_params=(8,))
+    dst = algorithms.make("dqn", obs, act, fc_layer_params=(16,))
+    with pytest.raises(ValueError, match="layout"):
+        dst.load_policy_state_dict(src.policy_params())
+
+
+def test_packed_policy_loads_into_tensors_that_were_replaced():
+    """A module whose tensors were swapped for new ones (load_state_dict with assign) is
+    looked up again: the packed values land in the tensors the policy uses now."""
+    obs, act = CASES[0][1], CASES[0][2]
+    src = algorithms.make("dqn", obs, act, fc_layer_params=(8,))
+    dst = algorithms.make("dqn", obs, act, fc_layer_params=(8,))
+    dst.load_policy_state_dict(src.policy_params())  # looks the tensors up once
+    fresh = {k: torch.zeros_like(v) for k, v in dst.q_network.state_dict().items()}
+    dst.q_network.load_state_dict(fresh, assign=True)
+    dst.load_policy_state_dict(src.policy_params())
+    for k, v in src.q_network.state_dict().items():
+        torch.testing.assert_close(dst.q_network.state_dict()[k], v, rtol=0, atol=0, msg=k)
+
+
+@pytest.mark.parametrize("name,obs_space,act_space", CASES, ids=IDS)
 def test_checkpoint_restores_exactly(name, obs_space, act_space):
     alg = algorithms.make(name, obs_space, act_space, **SMALL[name])
     batch = _batch(alg, obs_space, act_space)

@@ -12,6 +12,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from pipeline import codec
 from pipeline.bus import Bus
 from pipeline.messages import Record
 from pipeline.sockets import SocketFactory
@@ -91,3 +92,34 @@ def test_requests_wait_for_a_restarting_server(tmp_path):
 @pytest.mark.timeout(60)
 def test_a_request_with_no_server_fails_only_at_its_timeout(tmp_path):
     asyncio.run(_never(tmp_path))
+
+
+async def _drain(tmp_path) -> None:
+    ctx = zmq.asyncio.Context()
+    client_bus = Bus("learner.0~0", "learner", {}, {}, {}, sockets=SocketFactory(ctx))
+    server = zmq.Context.instance().socket(zmq.ROUTER)  # a plain server, driven by hand
+    server.setsockopt(zmq.LINGER, 0)
+    endpoint = f"ipc://{tmp_path}/s"
+    server.bind(endpoint)
+    try:
+        client_bus.set_peers({}, {"sample": [endpoint]})
+        client = client_bus.client("sample")
+        future = client.submit(Record(1, np.arange(4)), timeout=10)
+        assert server.poll(10_000), "the request never reached the server"
+        routing_id, request_id, *_ = server.recv_multipart()
+        server.send_multipart([routing_id, request_id,
+                               *codec.encode(Record(1, np.arange(4)), "replay.0~0")])
+        # The reply is on the client's socket; the event loop has not run since.
+        assert zmq.Socket.shadow(client.connections[endpoint].underlying).poll(10_000)
+        assert not future.done()
+        client.drain()
+        assert future.done() and future.result().message.origin == 1
+    finally:
+        server.close()
+        client_bus.close()
+        ctx.term()
+
+
+@pytest.mark.timeout(60)
+def test_drain_completes_a_reply_that_is_waiting_without_the_event_loop(tmp_path):
+    asyncio.run(_drain(tmp_path))
