@@ -159,9 +159,12 @@ class ParallelMLP(nn.Module):
         return [(params, str(i)) for i in range(n) for params in (self.weights, self.biases)]
 
     def forward(self, x: torch.Tensor, detach_params: bool = False) -> torch.Tensor:
-        h = compute_input(x.unsqueeze(0).expand(self.num_replicas, *x.shape), self.weights[0])
-        n = len(self.weights)
-        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+        # The lists' own dicts: indexing a ParameterList costs ~2 µs a layer.
+        weights, biases = self.weights._parameters, self.biases._parameters
+        h = compute_input(x.unsqueeze(0).expand(self.num_replicas, *x.shape), weights["0"])
+        n = len(weights)
+        for i in range(n):
+            w, b = weights[str(i)], biases[str(i)]
             if detach_params:
                 w, b = w.detach(), b.detach()
             if i < n - 1:
