@@ -58,7 +58,9 @@ def test_graph_load_refuses_runners_beyond_the_replay_store(tmp_path):
 @pytest.mark.parametrize("graph", ["dqn_cartpole.yaml", "sac_pendulum.yaml",
                                    "td3_pendulum.yaml"])
 def test_scale_beyond_the_replay_store_is_refused_and_the_run_goes_on(live, graph):
-    run = live(graph)
+    # No early stop: a greedy DQN evaluation can reach 475 a few thousand env steps in (CI saw
+    # the run end, its env runner already stopped, between the refusal and the status check).
+    run = live(graph, "nodes.evaluator.config.stop_at_return=null")
     run.wait_ready()
     before = _wait_steps(run, "env_runner.0", 0)
     out = run.cli("scale", run.run_dir, "env_runner", "2")
