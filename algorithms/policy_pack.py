@@ -33,7 +33,8 @@ class PolicyPack:
     def __init__(self, modules: dict[str, nn.Module]):
         self.modules = modules
         self._entries: list[tuple[dict, str, torch.Tensor]] = []
-        self._groups: list[tuple[str, list[torch.Tensor]]] = []
+        # dtype name -> its tensors, in layout order, and their sizes (the flat array's split)
+        self._groups: list[tuple[str, list[torch.Tensor], list[int]]] = []
         self.fingerprint = 0
 
     def _current(self) -> None:
@@ -42,18 +43,16 @@ class PolicyPack:
 
     def _look_up(self) -> None:
         entries, layout = [], []
+        groups: dict[str, list[torch.Tensor]] = {}
         for prefix, module in self.modules.items():
             for name, m in module.named_modules(prefix=prefix):
-                persistent = [(m._buffers, k, b) for k, b in m._buffers.items()
-                              if b is not None and k not in m._non_persistent_buffers_set]
-                for owner, key, t in [(m._parameters, k, p) for k, p in m._parameters.items()
-                                      if p is not None] + persistent:
+                for owner, key in _own_state(m):
+                    t = owner[key]
                     entries.append((owner, key, t))
                     layout.append(f"{name}.{key}:{t.dtype}:{tuple(t.shape)}")
-        groups: dict[str, list[torch.Tensor]] = {}
-        for _, _, t in entries:
-            groups.setdefault(str(t.dtype).removeprefix("torch."), []).append(t)
-        self._entries, self._groups = entries, list(groups.items())
+                    groups.setdefault(str(t.dtype).removeprefix("torch."), []).append(t)
+        self._entries = entries
+        self._groups = [(dtype, ts, [t.numel() for t in ts]) for dtype, ts in groups.items()]
         self.fingerprint = zlib.crc32(";".join(layout).encode())
 
     @torch.no_grad()
@@ -61,7 +60,7 @@ class PolicyPack:
         """``{"layout": fingerprint, dtype name: flat CPU tensor, ...}``: a copy, taken now."""
         self._current()
         out: dict = {LAYOUT_KEY: self.fingerprint}
-        for dtype, tensors in self._groups:
+        for dtype, tensors, _ in self._groups:
             out[dtype] = torch.cat([t.reshape(-1) for t in tensors]).cpu()
         return out
 
@@ -74,14 +73,21 @@ class PolicyPack:
             raise ValueError(f"packed policy has layout {packed.get(LAYOUT_KEY)}, this policy "
                              f"{self.fingerprint}: sender and receiver were built from "
                              f"different algorithm configs")
-        for dtype, tensors in self._groups:
+        for dtype, tensors, sizes in self._groups:
             flat = to_tensor(packed[dtype], tensors[0].device)
-            if flat.numel() != sum(t.numel() for t in tensors):
+            if flat.numel() != sum(sizes):
                 raise ValueError(f"packed policy's {dtype} array has {flat.numel()} values, "
-                                 f"the policy {sum(t.numel() for t in tensors)}")
-            views = flat.split([t.numel() for t in tensors])
-            torch._foreach_copy_(tensors, [v.view(t.shape) for v, t in zip(views, tensors,
-                                                                            strict=True)])
+                                 f"the policy {sum(sizes)}")
+            torch._foreach_copy_(tensors, [v.view(t.shape) for v, t in
+                                           zip(flat.split(sizes), tensors, strict=True)])
+
+
+def _own_state(m: nn.Module) -> list[tuple[dict, str]]:
+    """``(dict, key)`` of what ``m.state_dict()`` holds of ``m`` itself: its parameters and
+    persistent buffers."""
+    return [(m._parameters, k) for k, p in m._parameters.items() if p is not None] + \
+        [(m._buffers, k) for k, b in m._buffers.items()
+         if b is not None and k not in m._non_persistent_buffers_set]
 
 
 def is_packed(params: dict) -> bool:

@@ -38,7 +38,7 @@ def hidden_parameters(module: nn.Module) -> list[tuple[nn.Module, str]]:
     seen: set[int] = set()
     for layer in module.modules():
         if type(layer) in HIDDEN_LAYERS:
-            slots = [(layer, n) for n, p in layer.named_parameters(recurse=False)]
+            slots = [(layer, n) for n, _ in layer.named_parameters(recurse=False)]
         else:
             slots = getattr(layer, "hidden_parameter_slots", list)()
         for owner, name in slots:
