@@ -251,3 +251,26 @@ def test_runs_on_cuda(name, obs_space, act_space):
     assert all(v.device.type == "cpu" for v in alg.policy_state_dict().values())
     ts = _time_step(obs_space, act_space, 2, np.random.default_rng(0))
     assert alg.predict_step(ts).output.device.type == "cuda"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name,obs_space,act_space", CASES, ids=IDS)
+@pytest.mark.parametrize("receiver", ["cpu", "cuda"])
+def test_packed_policy_from_cuda_crosses_the_wire_exactly(name, obs_space, act_space, receiver):
+    """A learner on a GPU publishes host arrays; an unroller on the CPU or the GPU loads them
+    bit for bit."""
+    from nodes.messages import Params
+    from pipeline import codec
+
+    src = algorithms.make(name, obs_space, act_space, device="cuda", **SMALL[name])
+    dst = algorithms.make(name, obs_space, act_space, device=receiver, **SMALL[name])
+    src.train_on(_batch(src, obs_space, act_space))
+    packed = src.policy_params()
+    assert all(v.device.type == "cpu" for k, v in packed.items() if k != "layout")
+    wire = codec.decode(codec.encode(Params(1, 0, packed, 7), "learner.0")).message
+    dst.load_policy_state_dict(wire.params)
+    got, expected = dst.policy_state_dict(), src.policy_state_dict()
+    assert set(got) == set(expected)
+    for k, v in expected.items():
+        torch.testing.assert_close(got[k], v, rtol=0, atol=0, msg=k)
