@@ -3,6 +3,7 @@
     python bench/learning.py ALGO ENV [--seed N] [--threads N] [--no-sb3]
     python bench/learning.py ALGO ENV --graph graphs/<graph>.yaml    # through the graph
     # --seed N with --graph: every node seed of the graph plus N (0: the graph as written)
+    python bench/learning.py ALGO ENV --graph G --seeds 0,1,2    # one run per seed, median ratio
 
 Both runs use the hyperparameters of ``algorithms.presets`` (mapped onto SB3's names), or for
 MinAtar those of ``MINATAR_PRESETS`` below (the graph's, checked against the graph file), the same
@@ -36,6 +37,9 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -121,7 +125,6 @@ def run_graph(graph: str, p: Preset, threads: int, seed: int = 0) -> dict:
     evaluation that reaches the threshold. Seconds run from the launch of ``run.py`` to that
     evaluation (the evaluator works in its own process, so no time is left out). ``seed`` is
     added to every node's seed (:func:`seed_overrides`)."""
-    import subprocess
     import tempfile
 
     root = Path(__file__).resolve().parents[1]
@@ -319,8 +322,6 @@ def _sb3_model(p: Preset, env, seed: int):
 def run_sb3_process(algo: str, env: str, seed: int, threads: int,
                     eval_interval: int | None = None) -> dict | None:
     """SB3 in a fresh process, its clock started at the launch (see the module docstring)."""
-    import subprocess
-
     cmd = [sys.executable, __file__, algo, env, "--seed", str(seed), "--threads", str(threads),
            "--sb3-launched-at", repr(time.time())]
     if eval_interval:
@@ -409,6 +410,8 @@ def main(argv=None) -> int:
     ap.add_argument("algo")
     ap.add_argument("env")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", help="comma-separated seeds run one after another (both sides "
+                    "per seed); ends with the median ratio, the issue's figure")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads of the trainer: SB3's, ours in-process, or the graph's "
                          "learner (the same number on both sides)")
@@ -425,6 +428,8 @@ def main(argv=None) -> int:
         print(json.dumps(run_sb3(p, args.seed, args.threads, args.sb3_launched_at,
                                  args.sb3_eval_interval)))
         return 0
+    if args.seeds:
+        return run_seeds(args, argv or sys.argv[1:])
     print(f"task {args.algo} {args.env}: threshold {p.threshold} within {p.budget} env steps")
     ours = run_graph(args.graph, p, args.threads, args.seed) if args.graph else \
         run_ours(p, args.seed, args.threads)
@@ -447,6 +452,40 @@ def main(argv=None) -> int:
                       "mode": "graph" if args.graph else "in-process",
                       "threshold": p.threshold, "budget": p.budget, "conduit": ours,
                       "sb3": sb3, "ratio": ratio}))
+    return 0
+
+
+def run_seeds(args, argv: list[str]) -> int:
+    """Each seed in a fresh ``bench/learning.py --seed N`` process (so no run inherits another's
+    warm caches or imports), then the median of the ratios: a run that missed the threshold
+    counts as an infinite ratio, so it can only raise the median."""
+    seeds = [int(s) for s in args.seeds.split(",")]
+    rest, skip = [], False
+    for a in argv:  # the same arguments without --seeds (--seeds X or --seeds=X)
+        if skip or a.startswith("--seeds="):
+            skip = False
+            continue
+        skip = a == "--seeds"
+        if not skip:
+            rest.append(a)
+    results = []
+    for seed in seeds:
+        out = subprocess.run([sys.executable, __file__, *rest, "--seed", str(seed)],
+                             capture_output=True, text=True)
+        if out.returncode != 0 or not out.stdout.strip():
+            print(out.stdout + out.stderr, file=sys.stderr)
+            return 1
+        line = json.loads(out.stdout.strip().splitlines()[-1])
+        results.append(line)
+        c, b = line["conduit"], line["sb3"] or {}
+        print(f"seed {seed}: conduit {c['env_steps']} env steps {c['seconds']} s, "
+              f"sb3 {b.get('env_steps')} env steps {b.get('seconds')} s, ratio {line['ratio']}",
+              flush=True)
+    ratios = [r["ratio"] if r["ratio"] is not None else math.inf for r in results]
+    median = statistics.median(ratios)
+    print(json.dumps({"algo": args.algo, "env": args.env, "seeds": seeds,
+                      "ratios": [r["ratio"] for r in results],
+                      "median_ratio": None if math.isinf(median) else median}))
     return 0
 
 
