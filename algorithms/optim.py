@@ -83,16 +83,16 @@ class FusedAdam:
             grads = [p.grad for p in params]
             if all(g is not None for g in grads):
                 if bucket[2] is None:
-                    bucket[2] = self._state_lists(params)
-                lists = bucket[2]
+                    bucket[2] = self._bucket_lists(params)
+                exp_avgs, exp_avg_sqs, steps, all_steps = bucket[2]
+                all_steps.add_(1)
             else:  # only the parameters with a gradient step; the others keep their state
                 params = [p for p, g in zip(params, grads, strict=True) if g is not None]
                 if not params:
                     continue
                 grads = [p.grad for p in params]
-                lists = self._state_lists(params)
-            exp_avgs, exp_avg_sqs, steps = lists
-            torch._foreach_add_(steps, 1)
+                exp_avgs, exp_avg_sqs, steps = self._state_lists(params)
+                torch._foreach_add_(steps, 1)
             torch._fused_adam_(
                 params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=lr, beta1=beta1,
                 beta2=beta2, weight_decay=weight_decay, eps=eps,
@@ -103,6 +103,19 @@ class FusedAdam:
         states = [self._state(p) for p in params]
         return ([s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
                 [s["step"] for s in states])
+
+    def _bucket_lists(self, params: list) -> tuple[list, list, list, torch.Tensor]:
+        """:meth:`_state_lists` of a whole bucket, its step counters made views of one tensor,
+        returned last: a step adds 1 to all of them in one operation. On a CPU
+        ``_foreach_add_`` is a loop of one ``add_`` per tensor, each converting the scalar:
+        12-15 µs per step for SAC's 13 and DQN's 6 parameters (A/B in one process: DQN's
+        update 1.207 -> 1.190 ms, on 8-unit networks 0.560 -> 0.545 ms)."""
+        exp_avgs, exp_avg_sqs, steps = self._state_lists(params)
+        all_steps = torch.stack(steps)
+        steps = list(all_steps.unbind())
+        for p, step in zip(params, steps, strict=True):
+            self.state[p]["step"] = step
+        return exp_avgs, exp_avg_sqs, steps, all_steps
 
     def _buckets(self) -> list:
         """``[params, hyperparameters, state lists or None]`` per bucket of parameters that
