@@ -122,17 +122,26 @@ async def _step_group(config: Config, node, group: int, policy, metrics, stats: 
     stepper = VectorEnvStepper(make_env(config, seed, size), seed)
     ts = stepper.reset()
     need_reset = False  # the env was recreated: the step after the LAST we reported is a reset
+    sent = None  # the request for ``ts``, once sent
+
+    def ask() -> None:
+        nonlocal sent
+        sent = policy.send(TimeStepBatch(node.info.instance, env_offset, ts._asdict()),
+                           config.request_timeout_s)
+
     try:
         while not node.stopping.is_set() and (config.max_steps is None
                                              or counters.steps < config.max_steps):
+            if sent is None:
+                ask()
             waited_from = time.perf_counter()
             try:
-                reply = await policy.request(
-                    TimeStepBatch(node.info.instance, env_offset, ts._asdict()),
-                    config.request_timeout_s)
+                reply = await policy.wait(sent)
             except TimeoutError as exc:  # the unroller is restarting: ask again, same step
                 log.warning("%s: %s; asking again", node.info.instance, exc)
+                sent = None
                 continue
+            sent = None
             if reply is None:
                 break
             stepped_from = time.perf_counter()
@@ -154,13 +163,18 @@ async def _step_group(config: Config, node, group: int, policy, metrics, stats: 
                     stepper.env.close()
                     seed += 1
                     stepper = VectorEnvStepper(make_env(config, seed, size), seed)
+            counters.steps += size
+            # Ask for the next actions before the bookkeeping below: it then runs while the
+            # unroller computes them instead of before it starts.
+            if not node.stopping.is_set() and (config.max_steps is None
+                                               or counters.steps < config.max_steps):
+                ask()
             if need_reset:  # the truncated LAST: its own marks, the stepper's are of a reset
                 stats.update(ts, offset=group * size)
             else:
                 stats.update(ts, group * size, stepper.score, stepper.episode_start,
                              stepper.episode_end)
             counters.stepping_s += time.perf_counter() - stepped_from
-            counters.steps += size
             node.status.update(steps=counters.steps, stepping_s=round(counters.stepping_s, 3),
                               waiting_s=round(counters.waiting_s, 3))
             if metrics is not None and \
@@ -171,6 +185,8 @@ async def _step_group(config: Config, node, group: int, policy, metrics, stats: 
                     values["env/failures"] = counters.failures
                     await metrics.send(Metrics(node.info.instance, counters.env_steps, values))
     finally:
+        if sent is not None:  # asked before the run stopped: nobody will step on the reply
+            sent.cancel()
         stepper.env.close()
 
 
@@ -208,15 +224,24 @@ class _StopAwareRequests:
     def __init__(self, client, node):
         self.client, self.node = client, node
 
-    async def request(self, msg, timeout: float):
-        """The reply, or None if the run stops first."""
+    def send(self, msg, timeout: float):
+        """Send ``msg`` now; what :meth:`wait` takes (None if the run is stopping)."""
         if self.node.stopping.is_set():
             return None
         if self.client.connections:
-            reply = self.client.submit(msg, timeout)
-        else:  # no unroller yet, or it is restarting: wait for one within the timeout
-            reply = self.client.request(msg, timeout)
-        return await self.node.wait_or_stop(reply)
+            return self.client.submit(msg, timeout)
+        # No unroller yet, or it is restarting: wait for one within the timeout.
+        return asyncio.ensure_future(self.client.request(msg, timeout))
+
+    async def wait(self, sent):
+        """The reply to what :meth:`send` sent, or None if the run stops first."""
+        if sent is None:
+            return None
+        return await self.node.wait_or_stop(sent)
+
+    async def request(self, msg, timeout: float):
+        """The reply, or None if the run stops first."""
+        return await self.wait(self.send(msg, timeout))
 
     def close(self) -> None:
         pass
