@@ -185,8 +185,11 @@ async def _step_group(config: Config, node, group: int, policy, metrics, stats: 
                     values["env/failures"] = counters.failures
                     await metrics.send(Metrics(node.info.instance, counters.env_steps, values))
     finally:
-        if sent is not None:  # asked before the run stopped: nobody will step on the reply
-            sent.cancel()
+        # Asked before the run stopped: nobody will step on the reply. Cancelled, or, if it
+        # already came or failed (the unroller gone), read: an expected failure at the stop,
+        # which asyncio would otherwise log as never retrieved.
+        if sent is not None and not sent.cancel() and not sent.cancelled():
+            sent.exception()
         stepper.env.close()
 
 
