@@ -460,14 +460,7 @@ def run_seeds(args, argv: list[str]) -> int:
     warm caches or imports), then the median of the ratios: a run that missed the threshold
     counts as an infinite ratio, so it can only raise the median."""
     seeds = [int(s) for s in args.seeds.split(",")]
-    rest, skip = [], False
-    for a in argv:  # the same arguments without --seeds (--seeds X or --seeds=X)
-        if skip or a.startswith("--seeds="):
-            skip = False
-            continue
-        skip = a == "--seeds"
-        if not skip:
-            rest.append(a)
+    rest = without_option(argv, "--seeds")
     results = []
     for seed in seeds:
         out = subprocess.run([sys.executable, __file__, *rest, "--seed", str(seed)],
@@ -481,12 +474,30 @@ def run_seeds(args, argv: list[str]) -> int:
         print(f"seed {seed}: conduit {c['env_steps']} env steps {c['seconds']} s, "
               f"sb3 {b.get('env_steps')} env steps {b.get('seconds')} s, ratio {line['ratio']}",
               flush=True)
-    ratios = [r["ratio"] if r["ratio"] is not None else math.inf for r in results]
-    median = statistics.median(ratios)
-    print(json.dumps({"algo": args.algo, "env": args.env, "seeds": seeds,
-                      "ratios": [r["ratio"] for r in results],
-                      "median_ratio": None if math.isinf(median) else median}))
+    ratios = [r["ratio"] for r in results]
+    print(json.dumps({"algo": args.algo, "env": args.env, "seeds": seeds, "ratios": ratios,
+                      "median_ratio": median_ratio(ratios)}))
     return 0
+
+
+def without_option(argv: list[str], option: str) -> list[str]:
+    """``argv`` without ``option`` and its value (``--opt X`` or ``--opt=X``)."""
+    out, skip = [], False
+    for a in argv:
+        if skip or a.startswith(option + "="):
+            skip = False
+            continue
+        skip = a == option
+        if not skip:
+            out.append(a)
+    return out
+
+
+def median_ratio(ratios: list[float | None]) -> float | None:
+    """The median, a missing ratio (a run that did not reach the threshold) counting as
+    infinite: it can only raise the median; None when the median itself is such a run."""
+    median = statistics.median(math.inf if r is None else r for r in ratios)
+    return None if math.isinf(median) else median
 
 
 if __name__ == "__main__":
