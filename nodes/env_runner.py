@@ -129,9 +129,12 @@ async def _step_group(config: Config, node, group: int, policy, metrics, stats: 
         sent = policy.send(TimeStepBatch(node.info.instance, env_offset, ts._asdict()),
                            config.request_timeout_s)
 
+    def going_on() -> bool:
+        return not node.stopping.is_set() and (config.max_steps is None
+                                               or counters.steps < config.max_steps)
+
     try:
-        while not node.stopping.is_set() and (config.max_steps is None
-                                             or counters.steps < config.max_steps):
+        while going_on():
             if sent is None:
                 ask()
             waited_from = time.perf_counter()
@@ -166,8 +169,7 @@ async def _step_group(config: Config, node, group: int, policy, metrics, stats: 
             counters.steps += size
             # Ask for the next actions before the bookkeeping below: it then runs while the
             # unroller computes them instead of before it starts.
-            if not node.stopping.is_set() and (config.max_steps is None
-                                               or counters.steps < config.max_steps):
+            if going_on():
                 ask()
             if need_reset:  # the truncated LAST: its own marks, the stepper's are of a reset
                 stats.update(ts, offset=group * size)

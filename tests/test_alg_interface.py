@@ -147,9 +147,6 @@ def test_policy_state_dict_round_trip(name, obs_space, act_space):
 def test_packed_policy_params_cross_the_wire_exactly(name, obs_space, act_space):
     """What a learner publishes (one flat array per dtype) loads bit for bit into a receiver,
     through the real codec, and is a copy taken when it was made."""
-    from nodes.messages import Params
-    from pipeline import codec
-
     src = algorithms.make(name, obs_space, act_space, **SMALL[name])
     dst = algorithms.make(name, obs_space, act_space, **SMALL[name])
     batch = _batch(src, obs_space, act_space)
@@ -157,8 +154,20 @@ def test_packed_policy_params_cross_the_wire_exactly(name, obs_space, act_space)
     packed = src.policy_params()
     expected = {k: v.clone() for k, v in src.policy_state_dict().items()}
     src.train_on(batch)  # moves the source; the packed copy must not move with it
+    _load_through_the_wire(dst, packed)
+    _assert_policy_is(dst, expected)
+
+
+def _load_through_the_wire(dst, packed: dict) -> None:
+    """``packed`` as a learner's ``Params`` message, encoded and decoded, loaded into ``dst``."""
+    from nodes.messages import Params
+    from pipeline import codec
+
     wire = codec.decode(codec.encode(Params(1, 0, packed, 7), "learner.0")).message
     dst.load_policy_state_dict(wire.params)
+
+
+def _assert_policy_is(dst, expected: dict) -> None:
     got = dst.policy_state_dict()
     assert set(got) == set(expected)
     for k, v in expected.items():
@@ -260,17 +269,10 @@ def test_runs_on_cuda(name, obs_space, act_space):
 def test_packed_policy_from_cuda_crosses_the_wire_exactly(name, obs_space, act_space, receiver):
     """A learner on a GPU publishes host arrays; an unroller on the CPU or the GPU loads them
     bit for bit."""
-    from nodes.messages import Params
-    from pipeline import codec
-
     src = algorithms.make(name, obs_space, act_space, device="cuda", **SMALL[name])
     dst = algorithms.make(name, obs_space, act_space, device=receiver, **SMALL[name])
     src.train_on(_batch(src, obs_space, act_space))
     packed = src.policy_params()
     assert all(v.device.type == "cpu" for k, v in packed.items() if k != "layout")
-    wire = codec.decode(codec.encode(Params(1, 0, packed, 7), "learner.0")).message
-    dst.load_policy_state_dict(wire.params)
-    got, expected = dst.policy_state_dict(), src.policy_state_dict()
-    assert set(got) == set(expected)
-    for k, v in expected.items():
-        torch.testing.assert_close(got[k], v, rtol=0, atol=0, msg=k)
+    _load_through_the_wire(dst, packed)
+    _assert_policy_is(dst, src.policy_state_dict())
