@@ -270,7 +270,11 @@ class Learner:
                 await client._available.wait()
         size = self.config.mini_batch_size * self.config.batches_per_request
         request = SampleRequest(size, length, self.iteration, self.version)
-        if len(client.connections) > 1:  # replay shards: one request drawn across them all
+        # Replay shards: one request drawn across them all; also while one of them restarts
+        # (balances are exchanged with whichever shards are there, see ShardedSampler).
+        if len(client.connections) > 1 or self.shards.masses:
+            if self.shards.exchanges:
+                self.node.status["balance_exchanges"] = self.shards.exchanges
             return self.shards.submit(request, self.config.request_timeout_s)
         return client.submit(request, self.config.request_timeout_s)
 

@@ -63,6 +63,9 @@ class SampleRequest(Message):
     # To one replay shard of several: the other shards' rate-limiter balance (items they may
     # still give), so the samples-per-insert limit holds for all shards together.
     others_credit: float = 0.0
+    # Sample nothing: only hand the shard ``others_credit`` and get its own balance back at
+    # once (nodes._sharded_sample: how a learner waiting on one shard refreshes them all).
+    credit_only: bool = False
 
 
 @message("rl.sample")

@@ -368,6 +368,14 @@ class ReplayStore:
                                self.buffer, self.limiter.own_diff() if self.limiter.spi
                                is not None else 0.0))
 
+    def balance(self) -> SampleBatch:
+        """The reply to a ``credit_only`` request: no items, this shard's mass and balance."""
+        empty = np.zeros(0, np.int64)
+        mass = None if self.buffer is None or self.shard_envs is None else sample_mass(
+            self.buffer, self.limiter.own_diff() if self.limiter.spi is not None else 0.0)
+        return SampleBatch({}, empty, empty, np.zeros(0, np.float32), self.limiter.inserted,
+                           mass)
+
     def _extras(self, info) -> dict:
         """n-step returns and episodic information of each sequence's first step, ``[B]``."""
         config, extras = self.config, {}
@@ -392,6 +400,27 @@ class ReplayStore:
             if bool(ended.any()):
                 self.last_sample["episode_return_mean"] = float(returns[ended].double().mean())
         return extras
+
+    async def on_sample_request(self, request) -> None:
+        """Queue a sample request and answer what the rate limiter allows. A shard of several
+        first takes the others' balance it carries; a ``credit_only`` one is answered at once
+        with this shard's (``balance``); an empty one says the learner left."""
+        msg, limiter = request.message, self.limiter
+        if msg.batch_size == 0 and not msg.credit_only:  # the learner left: release inserts
+            limiter.sampler_active = False
+            limiter.changed.set()
+            await request.reply(msg)
+            return
+        limiter.sampler_active = True
+        if self.shard_envs is not None and limiter.spi is not None:
+            limiter.others = msg.others_credit
+            limiter.changed.set()  # a held insert may go now
+        if msg.credit_only:
+            await self.serve_pending()  # a waiting request may go now
+            await request.reply(self.balance())
+            return
+        self.pending.append(request)
+        await self.serve_pending()
 
     async def serve_pending(self) -> None:
         """Answer the waiting sample requests the rate limiter now allows, in order; one that
@@ -540,17 +569,7 @@ async def run(config: Config, node, ready) -> dict:
 
     async def serve_samples():
         async for request in sampler:
-            if request.message.batch_size == 0:  # the learner is leaving: release inserts
-                store.limiter.sampler_active = False
-                store.limiter.changed.set()
-                await request.reply(request.message)
-                continue
-            store.limiter.sampler_active = True
-            if store.shard_envs is not None and store.limiter.spi is not None:
-                store.limiter.others = request.message.others_credit
-                store.limiter.changed.set()  # a held insert may go now
-            store.pending.append(request)
-            await store.serve_pending()
+            await store.on_sample_request(request)
             node.status["sampled"] = store.limiter.sampled
 
     async def apply_priorities():
