@@ -255,28 +255,37 @@ class RLAlgorithm(nn.Module):
         loss = importance_weighted_mean(loss_info.loss, importance_weights)
         if isinstance(loss_info.scalar_loss, torch.Tensor):
             loss = loss + loss_info.scalar_loss
-        optimizers = self.optimizers.values()
-        fused = self._fused
-        if fused is not None:
-            fused.zero_grad(set_to_none=True)
+        self._zero_gradients()
+        loss.backward()
+        self._step_optimizers()
+        return loss.detach()
+
+    def _zero_gradients(self) -> None:
+        """Before an update's backward passes."""
+        optimizers = self.optimizers.values()  # built at the first update, with _fused
+        if self._fused is not None:
+            self._fused.zero_grad(set_to_none=True)
         else:
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
-        loss.backward()
+
+    def _step_optimizers(self) -> None:
+        """After an update's backward passes: gradients to the float32 parameters, clipping,
+        one step of every optimizer, the update counters."""
         if self._shadows is not None:
             self._shadows.gradients_to_masters()
+        optimizers = self.optimizers.values()
         if self.max_grad_norm:
             for opt in optimizers:
                 _clip_grad_norm([p for g in opt.param_groups for p in g["params"]],
                                 self.max_grad_norm)
-        if fused is not None:
-            fused.step()
+        if self._fused is not None:
+            self._fused.step()
         else:
             for opt in optimizers:
                 opt.step()
         self.train_steps += 1
         self._num_updates += 1
-        return loss.detach()
 
     def after_update(self, info=None) -> None:
         """Post-update bookkeeping (target networks)."""
@@ -293,10 +302,15 @@ class RLAlgorithm(nn.Module):
             loss_info = self.calc_loss(info)
         total = self._apply_gradient(loss_info, w)
         self.after_update(info)
-        extra = loss_info.extra
+        return self._train_result(total, loss_info.extra, loss_info.priority)
+
+    @staticmethod
+    def _train_result(total: torch.Tensor, extra: dict, priority) -> TrainResult:
+        """What ``train_on`` returns: metrics read back only when asked for (one copy for
+        all), priorities on the host."""
         metrics = LazyMetrics(lambda: _scalars({"loss/total": total, **extra}))
-        prio = loss_info.priority
-        return TrainResult(metrics, prio.detach().cpu() if isinstance(prio, torch.Tensor) else None)
+        return TrainResult(metrics, priority.detach().cpu()
+                           if isinstance(priority, torch.Tensor) else None)
 
     # ----- parameters and checkpoints -------------------------------------------------------
     def _policy_module_names(self) -> tuple[str, ...]:

@@ -186,6 +186,8 @@ class SacConfig(_Common):
     initial_random_steps: int = _f(0, "env steps with uniformly random actions", minimum=0)
     max_grad_norm: float | None = _f(None, "gradient clipping norm (null = off)",
                                      range=_POSITIVE)
+    parallel_update: bool = _f(False, "run the actor's and the critics' halves of an update "
+                                      "on two threads (continuous actions; the same update)")
 
 
 @dataclass(frozen=True, kw_only=True)

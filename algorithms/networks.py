@@ -282,7 +282,8 @@ class SquashedNormal(td.TransformedDistribution):
             x = t(x)
         return x
 
-    def rsample_and_log_prob(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def rsample_and_log_prob(self, eps: torch.Tensor | None = None
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
         """A reparameterized sample and its log-probability in one pass: what
         ``rsample()`` then ``log_prob()`` compute through the transforms' caches and
         Jacobians, written out (about 20 tensor ops fewer per call; same values up to
@@ -291,10 +292,13 @@ class SquashedNormal(td.TransformedDistribution):
             u = loc + std * eps,  a = tanh(u) * scale + bias
             log pi(a) = sum(-eps^2 / 2 - log std - log sqrt(2 pi)
                             - 2 (log 2 - u - softplus(-2u)) - log scale)
+
+        ``eps``: the standard normal noise, when drawn beforehand (default: drawn here).
         """
         normal = self.base_dist.base_dist
         loc, std = normal.loc, normal.scale
-        eps = torch.randn_like(loc)
+        if eps is None:
+            eps = torch.randn_like(loc)
         u = loc + std * eps
         affine = self.transforms[1]
         action = torch.tanh(u) * affine.scale + affine.loc

@@ -15,14 +15,22 @@ from __future__ import annotations
 
 import copy
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 from torch import nn
 
 from algorithms.base import RLAlgorithm
-from algorithms.data import AlgStep, Experience, LossInfo, TimeStep
-from algorithms.losses import TDLoss, alpha_loss, critic_td_loss, one_step_window
+from algorithms.data import AlgStep, Experience, LossInfo, TimeStep, TrainResult, to_tensor
+from algorithms.losses import (
+    TDLoss,
+    alpha_loss,
+    critic_td_loss,
+    importance_weighted_mean,
+    one_step_window,
+)
 from algorithms.networks import (
     ActorDistributionNetwork,
     ParallelCriticNetwork,
@@ -53,6 +61,8 @@ class SacAlgorithm(RLAlgorithm):
     target_update_period: soft-update every this many gradient steps.
     initial_random_steps: rollout env steps with uniformly random actions.
     max_grad_norm: gradient clipping norm (None = off).
+    parallel_update: run the actor's and the critics' halves of an update on two threads
+        (continuous actions; the same update, see :meth:`train_on`).
     """
 
     on_policy = False
@@ -67,8 +77,8 @@ class SacAlgorithm(RLAlgorithm):
                  initial_log_alpha: float = 0.0, max_log_alpha: float | None = None,
                  use_entropy_reward: bool = True, target_update_tau: float = 0.005,
                  target_update_period: int = 1, initial_random_steps: int = 0,
-                 max_grad_norm: float | None = None, device="cpu", encoder: str = "mlp",
-                 image_layout: str = "auto",
+                 max_grad_norm: float | None = None, parallel_update: bool = False,
+                 device="cpu", encoder: str = "mlp", image_layout: str = "auto",
                  data_transformers=(), precision: str = "float32"):
         super().__init__(observation_space, action_space, device, max_grad_norm,
                          encoder=encoder, image_layout=image_layout,
@@ -97,6 +107,7 @@ class SacAlgorithm(RLAlgorithm):
         self.target_update_tau = target_update_tau
         self.target_update_period = target_update_period
         self.initial_random_steps = initial_random_steps
+        self.parallel_update = parallel_update
         self.to(self.device)
         self._add_optimizer("actor", self.actor_network.parameters(), actor_learning_rate)
         self._add_optimizer("critic", self.critic_networks.parameters(), critic_learning_rate)
@@ -141,9 +152,9 @@ class SacAlgorithm(RLAlgorithm):
         obs_next = exp.observation[:, 1:].flatten(0, 1)
         alpha = self.log_alpha.detach().exp()
         dist = self.actor_network(obs_cur)
-        with torch.no_grad():
-            next_dist = self.actor_network(obs_next)
         if self.discrete:
+            with torch.no_grad():
+                next_dist = self.actor_network(obs_next)
             log_probs = torch.log_softmax(dist.logits, -1)
             probs = log_probs.exp()
             q_all = self.critic_networks(obs_cur)                                    # [N, R, A]
@@ -160,19 +171,85 @@ class SacAlgorithm(RLAlgorithm):
         else:
             q = self.critic_networks(obs_cur, exp.action[:, :-1].flatten(0, 1))      # [N, R]
             with torch.no_grad():
-                a_next, log_pi_next = _sample_and_log_prob(next_dist)
-                q_targ = self.target_critic_networks(obs_next, a_next).min(1).values
-                target_value = q_targ - alpha * log_pi_next if self.use_entropy_reward else q_targ
-            a_pi, log_pi = _sample_and_log_prob(dist)
-            # Critic weights are detached here so the actor loss only trains the actor.
-            q_pi = self.critic_networks(obs_cur, a_pi, detach_params=True).min(1).values
-            actor_loss = alpha * log_pi - q_pi
-            entropy = -log_pi
+                target_value = self._soft_target(obs_next, alpha)
+            actor_loss, entropy = self._actor_objective(dist, obs_cur, alpha)
         R = q.shape[1]
         return AlgStep(info={
             "exp": exp, "one_step": one_step, "q": q.view(B, T - 1, R),
             "next_value": target_value.view(B, T - 1),
             "actor_loss": actor_loss.view(B, T - 1), "entropy": entropy.view(B, T - 1)})
+
+    def _soft_target(self, obs_next, alpha, eps=None) -> torch.Tensor:
+        """``V(s')`` of continuous actions (call without gradient); ``eps``: the policy's
+        noise, if drawn beforehand."""
+        a_next, log_pi_next = _sample_and_log_prob(self.actor_network(obs_next), eps)
+        q_targ = self.target_critic_networks(obs_next, a_next).min(1).values
+        return q_targ - alpha * log_pi_next if self.use_entropy_reward else q_targ
+
+    def _actor_objective(self, dist, obs_cur, alpha, eps=None):
+        """Per-sample actor loss and entropy of continuous actions."""
+        a_pi, log_pi = _sample_and_log_prob(dist, eps)
+        # Critic weights are detached here so the actor loss only trains the actor.
+        q_pi = self.critic_networks(obs_cur, a_pi, detach_params=True).min(1).values
+        return alpha * log_pi - q_pi, -log_pi
+
+    def train_on(self, experience: Experience,
+                 importance_weights: torch.Tensor | None = None) -> TrainResult:
+        """With ``parallel_update`` (continuous actions), the update's two independent halves
+        run at once: the actor's (its loss, the temperature's, their backward pass) on a
+        second thread, the critics' (the soft target, their loss and backward pass) on this
+        one; then one optimizer step for all. Their gradients never meet (the actor loss
+        holds the critic weights fixed, the target has no gradient), so the update is the
+        one of :meth:`RLAlgorithm.train_on`, bit for bit: the policy noise of both halves is
+        drawn beforehand, in the order that path draws it. Why: on a CPU an update of
+        256-unit networks keeps one core busy, and torch releases the GIL inside each
+        operation, so the halves overlap on two cores."""
+        if not self.parallel_update or self.discrete:
+            return super().train_on(experience, importance_weights)
+        exp = self._experience(experience)
+        w = None if importance_weights is None else to_tensor(
+            importance_weights, self.device, torch.float32)
+        one_step = one_step_window(self.td_loss, exp)
+        B, T = exp.step_type.shape[:2]
+        obs_cur = exp.observation[:, :-1].flatten(0, 1)
+        obs_next = exp.observation[:, 1:].flatten(0, 1)
+        alpha = self.log_alpha.detach().exp()
+        noise_shape = (obs_cur.shape[0], *self.action_space.shape)
+        eps_next = torch.randn(noise_shape, device=self.device)
+        eps_pi = torch.randn(noise_shape, device=self.device)
+        self._zero_gradients()
+
+        def actor_half():
+            dist = self.actor_network(obs_cur)
+            actor_loss, entropy = self._actor_objective(dist, obs_cur, alpha, eps_pi)
+            actor_loss = actor_loss.view(B, T - 1).mean(1)
+            a_loss = alpha_loss(self.log_alpha, entropy.mean(), self.target_entropy)
+            loss = importance_weighted_mean(actor_loss, w) + a_loss
+            loss.backward()
+            return loss.detach(), actor_loss.detach(), entropy.detach(), a_loss.detach()
+
+        with self.training_precision():
+            actor = _second_thread().submit(actor_half)
+            try:
+                q = self.critic_networks(obs_cur, exp.action[:, :-1].flatten(0, 1))
+                with torch.no_grad():
+                    target_value = self._soft_target(obs_next, alpha, eps_next)
+                critic_loss, td_error = critic_td_loss(
+                    self.td_loss, exp, q.view(B, T - 1, q.shape[1]),
+                    target_value.view(B, T - 1), one_step)
+                critic_total = importance_weighted_mean(critic_loss, w)
+                critic_total.backward()
+            finally:
+                # Never leave with the other half running (it would write gradients into
+                # the next update); its error, if any, is raised here.
+                actor_total, actor_loss, entropy, a_loss = actor.result()
+        extra = {"loss/critic": critic_loss.detach(), "loss/actor": actor_loss,
+                 "loss/alpha": a_loss, "alpha": self.log_alpha.detach().exp(),
+                 "entropy": entropy.view(B, T - 1), "q/mean": q.detach().view(B, T - 1, -1)}
+        self._step_optimizers()
+        self.after_update()
+        return self._train_result(critic_total.detach() + actor_total, extra,
+                                  td_error.abs().mean(-1))
 
     def calc_loss(self, info) -> LossInfo:
         q = info["q"]
@@ -197,11 +274,37 @@ class SacAlgorithm(RLAlgorithm):
                               self.target_update_tau)
 
 
-def _sample_and_log_prob(dist) -> tuple[torch.Tensor, torch.Tensor]:
+def _sample_and_log_prob(dist, eps=None) -> tuple[torch.Tensor, torch.Tensor]:
     """A reparameterized action and its log-probability (one pass where the distribution has
-    one: :meth:`SquashedNormal.rsample_and_log_prob`)."""
+    one: :meth:`SquashedNormal.rsample_and_log_prob`, which also takes noise drawn
+    beforehand)."""
     fast = getattr(dist, "rsample_and_log_prob", None)
     if fast is not None:
-        return fast()
+        return fast(eps)
+    if eps is not None:
+        raise ValueError(f"{type(dist).__name__} cannot take noise drawn beforehand")
     action = dist.rsample()
     return action, dist.log_prob(action)
+
+
+_SECOND_THREAD: ThreadPoolExecutor | None = None
+
+
+def _second_thread() -> ThreadPoolExecutor:
+    """The thread a parallel update runs its actor half on: one per process, made at the
+    first such update (never before a fork: a forked child makes its own)."""
+    global _SECOND_THREAD
+    if _SECOND_THREAD is None:
+        threads = torch.get_num_threads()
+        _SECOND_THREAD = ThreadPoolExecutor(
+            1, thread_name_prefix="sac-actor-half",
+            initializer=lambda: torch.set_num_threads(threads))  # this thread's own setting
+    return _SECOND_THREAD
+
+
+def _forget_second_thread() -> None:
+    global _SECOND_THREAD
+    _SECOND_THREAD = None
+
+
+os.register_at_fork(after_in_child=_forget_second_thread)
