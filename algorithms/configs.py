@@ -187,7 +187,8 @@ class SacConfig(_Common):
     max_grad_norm: float | None = _f(None, "gradient clipping norm (null = off)",
                                      range=_POSITIVE)
     parallel_update: bool = _f(False, "run the actor's and the critics' halves of an update "
-                                      "on two threads (continuous actions; the same update)")
+                                      "on two threads (continuous actions, learner "
+                                      "num_threads 1; the same update)")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -62,7 +62,7 @@ class SacAlgorithm(RLAlgorithm):
     initial_random_steps: rollout env steps with uniformly random actions.
     max_grad_norm: gradient clipping norm (None = off).
     parallel_update: run the actor's and the critics' halves of an update on two threads
-        (continuous actions; the same update, see :meth:`train_on`).
+        (continuous actions, one torch thread; the same update, see :meth:`train_on`).
     """
 
     on_policy = False
@@ -203,8 +203,10 @@ class SacAlgorithm(RLAlgorithm):
         one of :meth:`RLAlgorithm.train_on`, bit for bit: the policy noise of both halves is
         drawn beforehand, in the order that path draws it. Why: on a CPU an update of
         256-unit networks keeps one core busy, and torch releases the GIL inside each
-        operation, so the halves overlap on two cores."""
-        if not self.parallel_update or self.discrete:
+        operation, so the halves overlap on two cores. Only with one torch thread: with
+        more, each half would spread over the same cores as the other (measured slower than
+        the sequential update at two threads)."""
+        if not self.parallel_update or self.discrete or torch.get_num_threads() > 1:
             return super().train_on(experience, importance_weights)
         exp = self._experience(experience)
         w = None if importance_weights is None else to_tensor(

@@ -14,6 +14,8 @@ directly so that no side's replay sampling is timed:
   peers do not have: the preset's costs one more forward pass, ~0.15 ms here);
 * *ours bf16*: the same with ``precision: bfloat16`` (mixed precision: the hidden layers'
   products in bfloat16; see ``RLAlgorithm.training_precision``);
+* *ours bf16 parallel* (SAC): also with ``parallel_update`` (the actor's and the critics'
+  halves of the update on two threads, each at N torch threads: it uses a second core);
 * *SB3*: ``model.train(gradient_steps=n)`` of the model ``bench/learning.py`` builds, its
   replay buffer's ``sample`` returning the batch (PPO: ``train()`` over a full rollout buffer,
   ``n_epochs`` passes of one mini-batch, divided by ``n_epochs``);
@@ -249,15 +251,18 @@ def off_policy_sides(algo: str, env_id: str):
         model.train(gradient_steps=1, batch_size=B)
 
     plain = plain_dqn(p, samples) if algo == "dqn" else plain_sac(p, samples)
-    bf16 = _bfloat16_twin(p, alg)
-    return {"ours": lambda: alg.train_on(batch), "ours_bf16": lambda: bf16.train_on(batch),
-            "sb3": sb3_update, "plain": plain}, 1
+    bf16 = _twin(p, alg, precision="bfloat16")
+    sides = {"ours": lambda: alg.train_on(batch), "ours_bf16": lambda: bf16.train_on(batch),
+             "sb3": sb3_update, "plain": plain}
+    if algo == "sac":  # as graphs/sac_pendulum.yaml trains: both halves at once
+        par = _twin(p, alg, precision="bfloat16", parallel_update=True)
+        sides["ours_bf16_par"] = lambda: par.train_on(batch)
+    return sides, 1
 
 
-def _bfloat16_twin(p, alg):
-    """The same algorithm with ``precision: bfloat16`` and the same initial weights."""
-    twin = make_algorithm(dataclasses.replace(
-        p, algorithm={**p.algorithm, "precision": "bfloat16"}), 0)
+def _twin(p, alg, **changes):
+    """The same algorithm with ``changes`` to its config and the same initial weights."""
+    twin = make_algorithm(dataclasses.replace(p, algorithm={**p.algorithm, **changes}), 0)
     twin.load_state_dict(alg.state_dict())
     return twin
 
@@ -293,7 +298,7 @@ def ppo_sides(env_id: str):
           "logp": rows(unroll.rollout_info["log_prob"]),
           "adv": torch.randn(T * n), "returns": torch.randn(T * n)}
     plain = plain_ppo(p, mb)
-    bf16 = _bfloat16_twin(p, alg)
+    bf16 = _twin(p, alg, precision="bfloat16")
     return {"ours": lambda: alg.train_on(unroll), "ours_bf16": lambda: bf16.train_on(unroll),
             "sb3": model.train, "plain": plain}, epochs
 
@@ -325,13 +330,18 @@ def main() -> None:
                    "ours/sb3": round(ms["ours"] / ms["sb3"], 3),
                    "ours/plain": round(ms["ours"] / ms["plain"], 3),
                    "ours_bf16/sb3": round(ms["ours_bf16"] / ms["sb3"], 3)}
+            parallel = ""
+            if "ours_bf16_par" in ms:
+                row["ours_bf16_par/sb3"] = round(ms["ours_bf16_par"] / ms["sb3"], 3)
+                parallel = (f"  ours bf16 parallel {ms['ours_bf16_par']:.3f} "
+                            f"(/sb3 {row['ours_bf16_par/sb3']:.3f})")
             rows.append(row)
             unit = "epoch" if algo == "ppo" else "update"
             print(f"{algo:4s} {env_id:12s} threads={threads}  ms per {unit}: "
                   f"ours {ms['ours']:.3f}  ours bf16 {ms['ours_bf16']:.3f}  "
                   f"sb3 {ms['sb3']:.3f}  plain {ms['plain']:.3f}  "
                   f"ours/sb3 {row['ours/sb3']:.3f}  ours/plain {row['ours/plain']:.3f}  "
-                  f"ours bf16/sb3 {row['ours_bf16/sb3']:.3f}",
+                  f"ours bf16/sb3 {row['ours_bf16/sb3']:.3f}{parallel}",
                   flush=True)
     print(json.dumps(rows))
 

@@ -12,6 +12,16 @@ import algorithms
 from algorithms import configs
 from algorithms.data import Experience
 
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """The parallel update is for one torch thread (a learner's ``num_threads: 1``)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 DEVICES = ["cpu", pytest.param("cuda", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])]
 
@@ -85,6 +95,15 @@ def test_the_actor_half_runs_on_a_second_thread(parallel):
     assert len(threads) == 2
     assert (len(set(threads)) == 2) is parallel, threads
     assert threading.get_ident() in threads
+
+
+def test_with_several_torch_threads_the_update_stays_on_one_thread():
+    alg = _pair(1, "cpu")[1]
+    threads = []
+    alg.actor_network.register_forward_hook(lambda *_: threads.append(threading.get_ident()))
+    torch.set_num_threads(2)
+    alg.train_on(_batch(16, 2, 1, seed=0))
+    assert threads == [threading.get_ident()] * 2
 
 
 def test_an_error_in_the_actor_half_reaches_the_caller_after_both_halves_ended():
