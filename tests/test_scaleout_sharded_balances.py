@@ -16,14 +16,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import zmq
-import zmq.asyncio
 
 from nodes._sharded_sample import ShardedSampler
 from nodes.messages import ExperienceBatch, SampleRequest
 from nodes.replay_store import Config, ReplayStore
-from pipeline.bus import Bus
-from pipeline.sockets import SocketFactory
+from tests.test_scaleout_sharded_sampler import shard_servers
 
 SPI, TOLERANCE, MIN_SIZE = 4.0, 64, 8
 BATCH = 16
@@ -49,32 +46,24 @@ def _insert(store: ReplayStore, env: int) -> None:
                                  version=0))
 
 
-async def _serve(server, store: ReplayStore, exchanges: list, exchanged: asyncio.Event):
-    async for request in server:
-        if request.message.credit_only:
-            exchanges.append(request.message.others_credit)
-            exchanged.set()
-        await store.on_sample_request(request)
-
-
 async def _scenario(tmp_path, shard1_sampled: int) -> dict:
     """Shard 0 is drawn past its own share (balance -60) and holds a request for BATCH items;
     shard 1's true balance is (40 - MIN_SIZE) * SPI - ``shard1_sampled``, while the learner
     last heard -100 from it. Returns what happened."""
-    ctx = zmq.asyncio.Context()
     stores = [_store(tmp_path / "s0", 0, 40, 188), _store(tmp_path / "s1", 1, 40, shard1_sampled)]
-    buses = [Bus(f"replay_store.{i}~0", "replay_store", {}, {"sample": f"ipc://{tmp_path}/s{i}"},
-                 {}, sockets=SocketFactory(ctx)) for i in range(2)]
-    learner = Bus("learner.0~0", "learner", {}, {}, {}, sockets=SocketFactory(ctx))
     exchanges: list[list] = [[], []]
     exchanged = asyncio.Event()  # shard 1 took part in an exchange
-    tasks = [asyncio.ensure_future(_serve(bus.server("sample"), store, seen,
-                                          exchanged if i else asyncio.Event()))
-             for i, (bus, store, seen) in enumerate(zip(buses, stores, exchanges, strict=True))]
-    try:
-        endpoints = [bus.servers["sample"].endpoint for bus in buses]
-        learner.set_peers({}, {"sample": endpoints})
-        sampler = ShardedSampler(learner.client("sample"), prioritized=True, seed=0)
+
+    async def serve(server, replica: int) -> None:
+        async for request in server:
+            if request.message.credit_only:
+                exchanges[replica].append(request.message.others_credit)
+                if replica == 1:
+                    exchanged.set()
+            await stores[replica].on_sample_request(request)
+
+    async with shard_servers(tmp_path, serve) as (client, endpoints):
+        sampler = ShardedSampler(client, prioritized=True, seed=0)
         # What the learner last heard: [total, count, smallest, beta, balance]; shard 1's
         # mass is 0, so the whole request goes to shard 0.
         sampler.masses = {endpoints[0]: [40.0, 40, 1.0, 0.4, stores[0].limiter.own_diff()],
@@ -99,12 +88,6 @@ async def _scenario(tmp_path, shard1_sampled: int) -> dict:
         out["rows"] = len(batch.env_ids)
         out["shards"] = set(batch.shards.tolist())
         return out
-    finally:
-        for task in tasks:
-            task.cancel()
-        for bus in (*buses, learner):
-            bus.close()
-        ctx.term()
 
 
 @pytest.mark.timeout(60)

@@ -6,6 +6,7 @@ importance weights equal to that store's and each row tagged with the shard hold
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 
 import numpy as np
@@ -52,17 +53,33 @@ async def serve(server, rb, replica):
                                         sample_mass(rb)))
 
 
-async def _draw(tmp_path):
+@contextlib.asynccontextmanager
+async def shard_servers(tmp_path, serve, count: int = 2):
+    """``count`` replay-shard buses, each answering ``sample`` with ``serve(server, replica)``
+    over real ipc sockets, and a learner's bus: yields the learner's ``sample`` client,
+    connected to all of them, and their endpoints in replica order."""
     ctx = zmq.asyncio.Context()
-    shards = [shard(fills, seed=3 + i) for i, fills in enumerate(FILLS)]
     buses = [Bus(f"replay_store.{i}~0", "replay_store", {}, {"sample": f"ipc://{tmp_path}/s{i}"},
-                 {}, sockets=SocketFactory(ctx)) for i in range(len(shards))]
+                 {}, sockets=SocketFactory(ctx)) for i in range(count)]
     learner = Bus("learner.0~0", "learner", {}, {}, {}, sockets=SocketFactory(ctx))
-    tasks = [asyncio.ensure_future(serve(bus.server("sample"), rb, i))
-             for i, (bus, rb) in enumerate(zip(buses, shards, strict=True))]
+    tasks = [asyncio.ensure_future(serve(bus.server("sample"), i)) for i, bus in enumerate(buses)]
     try:
-        learner.set_peers({}, {"sample": [bus.servers["sample"].endpoint for bus in buses]})
-        sampler = ShardedSampler(learner.client("sample"), prioritized=True, seed=5)
+        endpoints = [bus.servers["sample"].endpoint for bus in buses]
+        learner.set_peers({}, {"sample": endpoints})
+        yield learner.client("sample"), endpoints
+    finally:
+        for task in tasks:
+            task.cancel()
+        for bus in (*buses, learner):
+            bus.close()
+        ctx.term()
+
+
+async def _draw(tmp_path):
+    shards = [shard(fills, seed=3 + i) for i, fills in enumerate(FILLS)]
+    async with shard_servers(tmp_path, lambda server, i: serve(server, shards[i], i),
+                             len(shards)) as (client, _):
+        sampler = ShardedSampler(client, prioritized=True, seed=5)
         await sampler.submit(SampleRequest(64, 1, 0), 10)  # learns every shard's mass
         masses = [ShardMass(*sample_mass(rb)[:3]) for rb in shards]
         counts, draws = Counter(), 0
@@ -81,12 +98,6 @@ async def _draw(tmp_path):
             want = global_importance_weights(leaves, masses, beta=BETA)
             assert np.allclose(batch.importance_weights[rows], want.numpy(), rtol=1e-5)
         return counts, draws, shards
-    finally:
-        for task in tasks:
-            task.cancel()
-        for bus in (*buses, learner):
-            bus.close()
-        ctx.term()
 
 
 @pytest.mark.timeout(60)
