@@ -222,6 +222,8 @@ class SacAlgorithm(RLAlgorithm):
         self._zero_gradients()
 
         def actor_half():
+            if self.device.type == "cuda":  # this thread's CUDA context (else cuBLAS warns)
+                torch.cuda.set_device(self.device)
             dist = self.actor_network(obs_cur)
             actor_loss, entropy = self._actor_objective(dist, obs_cur, alpha, eps_pi)
             actor_loss = actor_loss.view(B, T - 1).mean(1)

@@ -39,7 +39,8 @@ graph() {  # name, timeout, run.py arguments...
 echo "== CUDA tests"
 "$PY" -m pytest -q -p no:cacheprovider -k cuda tests/test_alg_interface.py \
     tests/test_storage_replay_buffer.py tests/test_storage_replay_model.py \
-    tests/test_storage_segment_tree.py tests/test_alg_precision.py 2>&1 | tail -15
+    tests/test_storage_segment_tree.py tests/test_alg_precision.py \
+    tests/test_alg_sac_parallel.py 2>&1 | tail -15
 graph sac 90 graphs/sac_pendulum.yaml --set nodes.learner.device=cuda
 graph dqn_per 110 graphs/dqn_cartpole_per.yaml --set nodes.learner.device=cuda \
     --set nodes.replay_store.device=cuda
