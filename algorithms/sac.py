@@ -247,9 +247,8 @@ class SacAlgorithm(RLAlgorithm):
                 # Never leave with the other half running (it would write gradients into
                 # the next update); its error, if any, is raised here.
                 actor_total, actor_loss, entropy, a_loss = actor.result()
-        extra = {"loss/critic": critic_loss.detach(), "loss/actor": actor_loss,
-                 "loss/alpha": a_loss, "alpha": self.log_alpha.detach().exp(),
-                 "entropy": entropy.view(B, T - 1), "q/mean": q.detach().view(B, T - 1, -1)}
+        extra = self._loss_metrics(critic_loss, actor_loss, a_loss, entropy.view(B, T - 1),
+                                   q.view(B, T - 1, -1))
         self._step_optimizers()
         self.after_update()
         return self._train_result(critic_total.detach() + actor_total, extra,
@@ -265,9 +264,13 @@ class SacAlgorithm(RLAlgorithm):
         return LossInfo(
             loss=critic_loss + actor_loss, scalar_loss=a_loss,
             priority=td_error.abs().mean(-1).detach(),
-            extra={"loss/critic": critic_loss.detach(), "loss/actor": actor_loss.detach(),
-                   "loss/alpha": a_loss.detach(), "alpha": self.log_alpha.detach().exp(),
-                   "entropy": entropy.detach(), "q/mean": q.detach()})
+            extra=self._loss_metrics(critic_loss, actor_loss, a_loss, entropy, q))
+
+    def _loss_metrics(self, critic_loss, actor_loss, a_loss, entropy, q) -> dict:
+        """An update's metrics (tensors, read back only when asked for)."""
+        return {"loss/critic": critic_loss.detach(), "loss/actor": actor_loss.detach(),
+                "loss/alpha": a_loss.detach(), "alpha": self.log_alpha.detach().exp(),
+                "entropy": entropy.detach(), "q/mean": q.detach()}
 
     def after_update(self, info=None) -> None:
         if self.max_log_alpha is not None:

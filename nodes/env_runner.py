@@ -244,10 +244,6 @@ class _StopAwareRequests:
             return None
         return await self.node.wait_or_stop(sent)
 
-    async def request(self, msg, timeout: float):
-        """The reply, or None if the run stops first."""
-        return await self.wait(self.send(msg, timeout))
-
     def close(self) -> None:
         pass
 
