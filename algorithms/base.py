@@ -294,9 +294,15 @@ class RLAlgorithm(nn.Module):
                  importance_weights: torch.Tensor | None = None) -> TrainResult:
         """One full update on one batch (``[B, T]`` for off-policy algorithms, ``[T, B]`` for
         on-policy ones); returns scalar metrics and per-sample priorities ``[B]`` or None."""
-        exp = self._experience(experience)
-        w = None if importance_weights is None else to_tensor(
+        return self._update(self._experience(experience),
+                            self._importance_weights(importance_weights))
+
+    def _importance_weights(self, importance_weights) -> torch.Tensor | None:
+        return None if importance_weights is None else to_tensor(
             importance_weights, self.device, torch.float32)
+
+    def _update(self, exp: Experience, w: torch.Tensor | None) -> TrainResult:
+        """:meth:`train_on` on a batch already on the device and transformed."""
         with self.training_precision():
             info = self.train_step(exp).info
             loss_info = self.calc_loss(info)

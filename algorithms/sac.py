@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from algorithms.base import RLAlgorithm
-from algorithms.data import AlgStep, Experience, LossInfo, TimeStep, TrainResult, to_tensor
+from algorithms.data import AlgStep, Experience, LossInfo, TimeStep, TrainResult
 from algorithms.losses import (
     TDLoss,
     alpha_loss,
@@ -209,8 +209,7 @@ class SacAlgorithm(RLAlgorithm):
         if not self.parallel_update or self.discrete or torch.get_num_threads() > 1:
             return super().train_on(experience, importance_weights)
         exp = self._experience(experience)
-        w = None if importance_weights is None else to_tensor(
-            importance_weights, self.device, torch.float32)
+        w = self._importance_weights(importance_weights)
         one_step = one_step_window(self.td_loss, exp)
         B, T = exp.step_type.shape[:2]
         obs_cur = exp.observation[:, :-1].flatten(0, 1)

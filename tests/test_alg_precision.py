@@ -138,6 +138,8 @@ def _autocast_twin(alg, name: str, **kwargs):
     twin = _make(name, "float32", **kwargs)
     twin.load_state_dict(alg.state_dict())
     twin.training_precision = lambda: torch.autocast("cpu", torch.bfloat16)
+    if hasattr(twin, "_by_hand"):  # DQN's float32 update without autograd: no autocast there
+        twin._by_hand = None
     return twin
 
 
