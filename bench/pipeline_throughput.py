@@ -1,6 +1,7 @@
 """Environment steps per second through the graph vs one process stepping the same envs.
 
     python bench/pipeline_throughput.py [--envs-per-runner 256] [--seconds 10]
+        [--env-groups 2] [--pin env_runner:0,unroller:1,replay_store:1,supervisor:1]
 
 For 1, 2 and 4 env runners (each with ``--envs-per-runner`` CartPole-v1 environments), runs the
 real multi-process graph env_runner x N -> unroller (random policy) -> experience -> replay_store
@@ -72,8 +73,25 @@ def single_process_rate(num_envs: int, seconds: float) -> float:
     return steps / (time.perf_counter() - start)
 
 
+def pin_nodes(run_dir: str, supervisor_pid: int, placement: dict[str, int]) -> None:
+    """Every thread of each named process (a node by its name, or ``supervisor``) on one CPU:
+    its ZeroMQ I/O thread then wakes on the CPU its main thread runs on. For measuring what
+    placement does (``--pin``); the graph itself does not pin."""
+    pids = {"supervisor": supervisor_pid}
+    with open(os.path.join(run_dir, "events.jsonl")) as f:
+        for line in f:
+            event = json.loads(line)
+            if event["topic"].endswith(".started"):  # supervisor.<instance>.started, "pid N"
+                pids[event["topic"].split(".")[1]] = int(event["detail"].split()[1])
+    for name, cpu in placement.items():
+        if name not in pids:
+            raise SystemExit(f"--pin: no process {name!r} (have {', '.join(sorted(pids))})")
+        for tid in os.listdir(f"/proc/{pids[name]}/task"):
+            os.sched_setaffinity(int(tid), {cpu})
+
+
 def graph_rate(runners: int, envs: int, seconds: float, warmup: float,
-               groups: int = 1) -> float:
+               groups: int = 1, placement: dict[str, int] | None = None) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "graph.yaml")
         with open(path, "w") as f:
@@ -88,6 +106,8 @@ def graph_rate(runners: int, envs: int, seconds: float, warmup: float,
                 if line.startswith("control: "):
                     break
             control(run_dir, "wait_ready", timeout=120)
+            if placement:
+                pin_nodes(run_dir, proc.pid, placement)
 
             def sample():
                 nodes = control(run_dir, "status")["nodes"]
@@ -121,13 +141,18 @@ def main() -> None:
     parser.add_argument("--env-groups", type=int, default=1,
                         help="groups of each runner's envs stepped while the others' actions "
                              "are computed (env_runner env_groups)")
+    parser.add_argument("--pin", default="",
+                        help="NAME:CPU,...: pin every thread of these processes (env_runner.0 "
+                             "is env_runner, also unroller, replay_store, supervisor) to a CPU")
     args = parser.parse_args()
+    placement = {name: int(cpu) for name, cpu in
+                 (item.split(":") for item in args.pin.split(",") if item)}
     results = {}
     print(f"{'runners':>8}{'envs':>6}{'graph steps/s':>15}{'1-process steps/s':>19}{'ratio':>8}{'runner wait':>12}")
     for n in args.runners:
         total = n * args.envs_per_runner
         ours, (stepping, waiting) = graph_rate(n, args.envs_per_runner, args.seconds,
-                                               args.warmup, args.env_groups)
+                                               args.warmup, args.env_groups, placement)
         limit = single_process_rate(total, args.seconds)
         wait_share = waiting / max(stepping + waiting, 1e-9)
         results[n] = {"graph": round(ours, 1), "single_process": round(limit, 1),

@@ -14,6 +14,8 @@ directly so that no side's replay sampling is timed:
   peers do not have: the preset's costs one more forward pass, ~0.15 ms here);
 * *ours bf16*: the same with ``precision: bfloat16`` (mixed precision: the hidden layers'
   products in bfloat16; see ``RLAlgorithm.training_precision``);
+* *ours through autograd* (DQN): ours with its update without autograd switched off
+  (``algorithms/mlp_backprop.py``; the same update up to float rounding);
 * *ours bf16 parallel* (SAC): also with ``parallel_update`` (the actor's and the critics'
   halves of the update on two threads, each at N torch threads: it uses a second core);
 * *SB3*: ``model.train(gradient_steps=n)`` of the model ``bench/learning.py`` builds, its
@@ -254,6 +256,10 @@ def off_policy_sides(algo: str, env_id: str):
     bf16 = _twin(p, alg, precision="bfloat16")
     sides = {"ours": lambda: alg.train_on(batch), "ours_bf16": lambda: bf16.train_on(batch),
              "sb3": sb3_update, "plain": plain}
+    if algo == "dqn":  # ours through autograd: what the update without it gains
+        autograd = _twin(p, alg)
+        autograd._by_hand = None
+        sides["ours_autograd"] = lambda: autograd.train_on(batch)
     if algo == "sac":  # as graphs/sac_pendulum.yaml trains: both halves at once
         par = _twin(p, alg, precision="bfloat16", parallel_update=True)
         sides["ours_bf16_par"] = lambda: par.train_on(batch)
@@ -331,6 +337,10 @@ def main() -> None:
                    "ours/plain": round(ms["ours"] / ms["plain"], 3),
                    "ours_bf16/sb3": round(ms["ours_bf16"] / ms["sb3"], 3)}
             parallel = ""
+            if "ours_autograd" in ms:
+                row["ours/ours_autograd"] = round(ms["ours"] / ms["ours_autograd"], 3)
+                parallel = (f"  ours through autograd {ms['ours_autograd']:.3f} "
+                            f"(ours/it {row['ours/ours_autograd']:.3f})")
             if "ours_bf16_par" in ms:
                 row["ours_bf16_par/sb3"] = round(ms["ours_bf16_par"] / ms["sb3"], 3)
                 parallel = (f"  ours bf16 parallel {ms['ours_bf16_par']:.3f} "
