@@ -141,10 +141,16 @@ class DqnAlgorithm(RLAlgorithm):
             next_obs = exp.observation[:, 1]
             q_target_next = self.target_q_network(next_obs)
             chooser = self.q_network(next_obs) if self.double_q else q_target_next
-            target_next = q_target_next.gather(-1, chooser.argmax(-1, keepdim=True)).squeeze(-1)
-            target = exp.reward[:, 1] + (exp.discount[:, 1] * self.td_loss.gamma) * target_next
-            valid = (exp.step_type[:, 0] != StepType.LAST).float()
+            target, valid = self._one_step_target(exp, q_target_next, chooser)
         return AlgStep(info={"exp": exp, "q_rows": q[:, None], "one_step": (q, target, valid)})
+
+    def _one_step_target(self, exp: Experience, q_target_next: torch.Tensor,
+                         chooser: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(td_target, valid)`` of row 0: the target network's value of the action the
+        ``chooser``'s values pick, and 0 where row 0 is LAST (nothing to learn across)."""
+        target_next = q_target_next.gather(-1, chooser.argmax(-1, keepdim=True)).squeeze(-1)
+        target = exp.reward[:, 1] + (exp.discount[:, 1] * self.td_loss.gamma) * target_next
+        return target, (exp.step_type[:, 0] != StepType.LAST).float()
 
     def _by_hand_networks(self) -> tuple[ReluMlp, ReluMlp] | None:
         """The online and target networks as :class:`ReluMlp` where the one-step update can
@@ -173,10 +179,8 @@ class DqnAlgorithm(RLAlgorithm):
         q_both, inputs = online.forward(torch.cat([obs, next_obs]) if self.double_q else obs)
         q = q_both[:B].gather(-1, action).squeeze(-1)                                   # [B]
         q_target_next = target_net.forward(next_obs)[0]
-        chooser = q_both[B:] if self.double_q else q_target_next
-        target_next = q_target_next.gather(-1, chooser.argmax(-1, keepdim=True)).squeeze(-1)
-        target = exp.reward[:, 1] + (exp.discount[:, 1] * self.td_loss.gamma) * target_next
-        valid = (exp.step_type[:, 0] != StepType.LAST).float()
+        target, valid = self._one_step_target(
+            exp, q_target_next, q_both[B:] if self.double_q else q_target_next)
         loss_fn = self.td_loss.td_error_loss_fn
         loss = get_td_error_loss_fn(loss_fn)(target, q) * valid
         # d(mean of w * loss)/dq, per sample, placed at the action taken.
