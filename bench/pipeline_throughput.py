@@ -91,7 +91,7 @@ def pin_nodes(run_dir: str, supervisor_pid: int, placement: dict[str, int]) -> N
 
 
 def graph_rate(runners: int, envs: int, seconds: float, warmup: float,
-               groups: int = 1, placement: dict[str, int] | None = None) -> float:
+               groups: int = 1, placement: dict[str, int] | None = None) -> tuple:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "graph.yaml")
         with open(path, "w") as f:
@@ -113,23 +113,26 @@ def graph_rate(runners: int, envs: int, seconds: float, warmup: float,
                 nodes = control(run_dir, "status")["nodes"]
                 runner = nodes["env_runner.0"].get("status", {})
                 return (nodes["replay_store.0"].get("status", {}).get("inserted", 0),
-                        runner.get("stepping_s", 0.0), runner.get("waiting_s", 0.0))
+                        runner.get("stepping_s", 0.0), runner.get("waiting_s", 0.0),
+                        runner.get("steps", 0), runner.get("env_step_cpu_s", 0.0))
 
             while sample()[0] == 0:  # the replay store allocates its buffer on first data
                 time.sleep(0.5)
             time.sleep(warmup)
 
-            t0, (s0, step0, wait0) = time.perf_counter(), sample()
+            t0, (s0, step0, wait0, n0, cpu0) = time.perf_counter(), sample()
             time.sleep(seconds)
-            t1, (s1, step1, wait1) = time.perf_counter(), sample()
+            t1, (s1, step1, wait1, n1, cpu1) = time.perf_counter(), sample()
             control(run_dir, "stop")
             proc.wait(120)
         finally:
             if proc.poll() is None:
                 proc.kill()
-        # Where runner 0's time went: stepping its envs vs waiting for their actions.
+        # Where runner 0's time went: stepping its envs vs waiting for their actions; and the
+        # CPU its envs' step took per env step, to set beside the one process's.
         share = (step1 - step0, wait1 - wait0)
-        return (s1 - s0) / (t1 - t0), share
+        env_step_us = (cpu1 - cpu0) / max(n1 - n0, 1) * 1e6
+        return (s1 - s0) / (t1 - t0), share, env_step_us
 
 
 def main() -> None:
@@ -148,17 +151,21 @@ def main() -> None:
     placement = {name: int(cpu) for name, cpu in
                  (item.split(":") for item in args.pin.split(",") if item)}
     results = {}
-    print(f"{'runners':>8}{'envs':>6}{'graph steps/s':>15}{'1-process steps/s':>19}{'ratio':>8}{'runner wait':>12}")
+    print(f"{'runners':>8}{'envs':>6}{'graph steps/s':>15}{'1-process steps/s':>19}{'ratio':>8}"
+          f"{'runner wait':>12}{'env.step CPU µs/step graph/1-process':>38}")
     for n in args.runners:
         total = n * args.envs_per_runner
-        ours, (stepping, waiting) = graph_rate(n, args.envs_per_runner, args.seconds,
-                                               args.warmup, args.env_groups, placement)
+        ours, (stepping, waiting), env_step_us = graph_rate(
+            n, args.envs_per_runner, args.seconds, args.warmup, args.env_groups, placement)
         limit = single_process_rate(total, args.seconds)
         wait_share = waiting / max(stepping + waiting, 1e-9)
+        alone_us = 1e6 / limit  # the one process does nothing but step
         results[n] = {"graph": round(ours, 1), "single_process": round(limit, 1),
-                      "ratio": round(ours / limit, 3), "runner_wait_share": round(wait_share, 3)}
+                      "ratio": round(ours / limit, 3), "runner_wait_share": round(wait_share, 3),
+                      "runner_env_step_cpu_us": round(env_step_us, 2),
+                      "single_process_step_us": round(alone_us, 2)}
         print(f"{n:>8}{total:>6}{ours:>15.0f}{limit:>19.0f}{ours / limit:>8.2f}"
-              f"{wait_share:>12.2f}", flush=True)
+              f"{wait_share:>12.2f}{env_step_us:>26.2f} / {alone_us:.2f}", flush=True)
     print(json.dumps({"bench": "pipeline_throughput", "env": "CartPole-v1",
                       "envs_per_runner": args.envs_per_runner,
                       "env_groups": args.env_groups, "cpus": os.cpu_count(),

@@ -108,6 +108,7 @@ class _Counters:
         self.failures = 0
         self.env_steps = 0
         self.stepping_s = 0.0  # in env.step and bookkeeping
+        self.env_step_cpu_s = 0.0  # this thread's CPU time inside the envs' step alone
         self.waiting_s = 0.0  # from sending a time step to having its actions
         self.last_report = time.monotonic()
 
@@ -154,7 +155,9 @@ async def _step_group(config: Config, node, group: int, policy, metrics, stats: 
                 ts, need_reset = stepper.reset(), False
             else:
                 try:
+                    cpu_from = time.thread_time()
                     ts = stepper.step(np.asarray(reply.message.action))
+                    counters.env_step_cpu_s += time.thread_time() - cpu_from
                 except Exception as exc:  # a broken environment must not take the runner down
                     counters.failures += 1
                     log.error("%s: environment raised %s: %s; recreating it (%d/%d)",
@@ -178,7 +181,8 @@ async def _step_group(config: Config, node, group: int, policy, metrics, stats: 
                              stepper.episode_end)
             counters.stepping_s += time.perf_counter() - stepped_from
             node.status.update(steps=counters.steps, stepping_s=round(counters.stepping_s, 3),
-                              waiting_s=round(counters.waiting_s, 3))
+                              waiting_s=round(counters.waiting_s, 3),
+                              env_step_cpu_s=round(counters.env_step_cpu_s, 3))
             if metrics is not None and \
                     time.monotonic() - counters.last_report >= config.metrics_interval_s:
                 counters.last_report = time.monotonic()
