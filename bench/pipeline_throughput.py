@@ -9,6 +9,9 @@ and measures env steps/s after a warm-up, from the replay store's insert counter
 that went all the way into replay). In the same run it steps ``N * envs-per-runner`` environments
 with random actions in a plain Gymnasium vector env in this one process: the limit the issue
 compares with. Prints a table; the last line is one JSON object with the rates and ratios.
+The last column sets runner 0's CPU time inside its envs' step, per env step (its
+``env_step_cpu_s``), beside the one process's time per env step: the same code, so what it
+adds is what the graph's other work costs the envs on their CPU.
 
 Why 256 environments per runner by default: every round trip to the unroller and every message
 into replay has a fixed cost (a few hundred µs of CPU across three processes on this 2-core
