@@ -62,7 +62,7 @@ class SacAlgorithm(RLAlgorithm):
     initial_random_steps: rollout env steps with uniformly random actions.
     max_grad_norm: gradient clipping norm (None = off).
     parallel_update: run the actor's and the critics' halves of an update on two threads
-        (continuous actions, one torch thread; the same update, see :meth:`train_on`).
+        (continuous actions, one torch thread; the same update, see :meth:`_update`).
     """
 
     on_policy = False
@@ -193,23 +193,20 @@ class SacAlgorithm(RLAlgorithm):
         q_pi = self.critic_networks(obs_cur, a_pi, detach_params=True).min(1).values
         return alpha * log_pi - q_pi, -log_pi
 
-    def train_on(self, experience: Experience,
-                 importance_weights: torch.Tensor | None = None) -> TrainResult:
+    def _update(self, exp: Experience, w: torch.Tensor | None) -> TrainResult:
         """With ``parallel_update`` (continuous actions), the update's two independent halves
         run at once: the actor's (its loss, the temperature's, their backward pass) on a
         second thread, the critics' (the soft target, their loss and backward pass) on this
         one; then one optimizer step for all. Their gradients never meet (the actor loss
         holds the critic weights fixed, the target has no gradient), so the update is the
-        one of :meth:`RLAlgorithm.train_on`, bit for bit: the policy noise of both halves is
+        one of :meth:`RLAlgorithm._update`, bit for bit: the policy noise of both halves is
         drawn beforehand, in the order that path draws it. Why: on a CPU an update of
         256-unit networks keeps one core busy, and torch releases the GIL inside each
         operation, so the halves overlap on two cores. Only with one torch thread: with
         more, each half would spread over the same cores as the other (measured slower than
         the sequential update at two threads)."""
         if not self.parallel_update or self.discrete or torch.get_num_threads() > 1:
-            return super().train_on(experience, importance_weights)
-        exp = self._experience(experience)
-        w = self._importance_weights(importance_weights)
+            return super()._update(exp, w)
         one_step = one_step_window(self.td_loss, exp)
         B, T = exp.step_type.shape[:2]
         obs_cur = exp.observation[:, :-1].flatten(0, 1)

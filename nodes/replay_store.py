@@ -240,18 +240,21 @@ class ReplayStore:
         experience.update(self._extras(info))
         self.limiter.on_sample(req.batch_size)
         return SampleBatch(experience, info.env_ids.cpu(), info.positions.cpu(),
-                           info.importance_weights.cpu(), self.limiter.inserted,
-                           None if self.shard_envs is None else sample_mass(
-                               self.buffer, self.limiter.own_diff() if self.limiter.spi
-                               is not None else 0.0))
+                           info.importance_weights.cpu(), self.limiter.inserted, self._mass())
 
     def balance(self) -> SampleBatch:
         """The reply to a ``credit_only`` request: no items, this shard's mass and balance."""
         empty = np.zeros(0, np.int64)
-        mass = None if self.buffer is None or self.shard_envs is None else sample_mass(
-            self.buffer, self.limiter.own_diff() if self.limiter.spi is not None else 0.0)
         return SampleBatch({}, empty, empty, np.zeros(0, np.float32), self.limiter.inserted,
-                           mass)
+                           self._mass())
+
+    def _mass(self):
+        """What a shard of several reports with each reply (its mass and rate-limiter
+        balance, ``sample_mass``); None for a store that is not a shard or has no buffer yet."""
+        if self.buffer is None or self.shard_envs is None:
+            return None
+        return sample_mass(self.buffer,
+                           self.limiter.own_diff() if self.limiter.spi is not None else 0.0)
 
     def _extras(self, info) -> dict:
         """n-step returns and episodic information of each sequence's first step, ``[B]``."""
