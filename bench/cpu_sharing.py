@@ -8,7 +8,9 @@ side (its ZeroMQ I/O thread, then its main thread) crosses the CPUs. This bench 
 that costs on the machine it runs on, with nothing of Conduit in the way: a raw pyzmq
 DEALER/ROUTER round trip (200 B, ipc) between two processes, both pinned to one CPU against
 pinned to different CPUs, in the same run. Printed: the p50 round trip and the caller's CPU
-time per round trip (its I/O thread included), and the ratios two CPUs / one CPU.
+time per round trip (its I/O thread included), and the ratios two CPUs / one CPU. Then the
+same over a plain Unix stream socket (what same-machine services use, ``pipeline.stream``),
+and its ratio to ZeroMQ across the CPUs.
 
 Second, what such messaging does to the code around it: the CPU time per env step of 64
 CartPole envs stepped in one process pinned to CPU 0 (``bench/pipeline_throughput.py``'s
@@ -30,6 +32,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import socket
 import statistics
 import time
 
@@ -78,6 +81,45 @@ def round_trips(mine: int, theirs: int, count: int) -> dict:
     finally:
         peer.join(10)
         sock.close(linger=0)
+        os.sched_setaffinity(0, range(os.cpu_count()))
+    return {"p50_us": round(statistics.median(walls) * 1e6, 1),
+            "cpu_us": round(cpu / count * 1e6, 1)}
+
+
+def _echo_unix(sock: socket.socket, cpu: int) -> None:
+    _pin(cpu)
+    while True:
+        data = sock.recv(4096)
+        if not data or data == b"stop":
+            return
+        sock.sendall(data)
+
+
+def unix_round_trips(mine: int, theirs: int, count: int) -> dict:
+    """The same round trip over a plain Unix stream socket, each side one blocking thread: the
+    wake-ups a same-machine service pays (``pipeline.stream``), none of ZeroMQ's I/O threads."""
+    ours, their_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    peer = mp.Process(target=_echo_unix, args=(their_end, theirs))
+    peer.start()
+    their_end.close()
+    try:
+        _pin(mine)
+        payload = b"x" * 200
+        for _ in range(500):
+            ours.sendall(payload)
+            ours.recv(4096)
+        walls = []
+        cpu = time.process_time()
+        for _ in range(count):
+            t = time.perf_counter()
+            ours.sendall(payload)
+            ours.recv(4096)
+            walls.append(time.perf_counter() - t)
+        cpu = time.process_time() - cpu
+        ours.sendall(b"stop")
+    finally:
+        peer.join(10)
+        ours.close()
         os.sched_setaffinity(0, range(os.cpu_count()))
     return {"p50_us": round(statistics.median(walls) * 1e6, 1),
             "cpu_us": round(cpu / count * 1e6, 1)}
@@ -144,6 +186,13 @@ def main() -> None:
           f"(caller CPU {same['cpu_us']} us); two CPUs p50 {across['p50_us']} us "
           f"(caller CPU {across['cpu_us']} us): ratio {across['p50_us'] / same['p50_us']:.2f} "
           f"(CPU {across['cpu_us'] / same['cpu_us']:.2f})")
+    unix_same = unix_round_trips(0, 0, args.round_trips)
+    unix_across = unix_round_trips(0, 1, args.round_trips)
+    print(f"raw Unix stream socket round trip, 200 B: one CPU p50 {unix_same['p50_us']} us "
+          f"(caller CPU {unix_same['cpu_us']} us); two CPUs p50 {unix_across['p50_us']} us "
+          f"(caller CPU {unix_across['cpu_us']} us); against ZeroMQ across the CPUs: "
+          f"{unix_across['p50_us'] / across['p50_us']:.2f} "
+          f"(CPU {unix_across['cpu_us'] / across['cpu_us']:.2f})")
     cases = {"alone": None, "echo_on_its_cpu": (0, 1), "both_on_the_other_cpu": (1, 1)}
     step_us = {name: [] for name in cases}
     for _ in range(args.rounds):  # alternated, so a drift of the machine hits every case
@@ -157,7 +206,8 @@ def main() -> None:
           f"{step_us['both_on_the_other_cpu']} "
           f"(ratio {step_us['both_on_the_other_cpu'] / alone:.2f})")
     print(json.dumps({"bench": "cpu_sharing", "round_trip_one_cpu": same,
-                      "round_trip_two_cpus": across, "env_step_cpu_us": step_us}))
+                      "round_trip_two_cpus": across, "unix_round_trip_one_cpu": unix_same,
+                      "unix_round_trip_two_cpus": unix_across, "env_step_cpu_us": step_us}))
 
 
 if __name__ == "__main__":

@@ -267,7 +267,7 @@ class Learner:
             # asyncio.timeout, not wait_for: before 3.12 wait_for can swallow the
             # cancellation a handover sends, and training would go on after it.
             async with asyncio.timeout(self.config.request_timeout_s):
-                await client._available.wait()
+                await client.wait_connected()
         size = self.config.mini_batch_size * self.config.batches_per_request
         request = SampleRequest(size, length, self.iteration, self.version)
         # Replay shards: one request drawn across them all; also while one of them restarts

@@ -208,11 +208,12 @@ class Bus:
                 sub.leave()
 
     async def flush(self, timeout: float) -> bool:
-        """Wait until every reliable message this instance published was acknowledged."""
+        """Wait until every reliable message this instance published was acknowledged and
+        every reply its servers sent was written out."""
         deadline = time.monotonic() + timeout
         ok = True
-        for pub in self.publishers.values():
-            ok &= await pub.flush(max(0.0, deadline - time.monotonic()))
+        for part in [*self.publishers.values(), *self.servers.values()]:
+            ok &= await part.flush(max(0.0, deadline - time.monotonic()))
         return ok
 
     def stats(self) -> dict:

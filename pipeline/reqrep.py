@@ -1,5 +1,10 @@
-"""Request/reply: a server binds a ROUTER, clients connect a DEALER per server and match
-replies to requests by id, with timeouts. Both ends run on a :class:`~pipeline.channel.Channel`.
+"""Request/reply: a server listens, clients connect one connection per server and match
+replies to requests by id, with timeouts.
+
+On one machine (``ipc://`` endpoints, advertised as ``unix://``) both ends speak over a plain
+Unix stream socket read from the event loop (:mod:`pipeline.stream`: one wake-up per message,
+where ZeroMQ's I/O threads add two). Over ``tcp://`` a server binds a ROUTER and clients
+connect a DEALER (CurveZMQ), both run on a :class:`~pipeline.channel.Channel`.
 """
 
 from __future__ import annotations
@@ -9,12 +14,11 @@ import collections
 import itertools
 import logging
 import struct
-import time
 from typing import TYPE_CHECKING
 
 import zmq
 
-from pipeline import codec
+from pipeline import codec, stream
 from pipeline.channel import Channel
 from pipeline.sockets import bind
 from pipeline.topics import TopicStats
@@ -25,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _U64 = struct.Struct("<Q")
+_RECONNECT_S = 0.05  # a listed server that refused a connection is tried again this often
 
 
 class Request:
@@ -53,15 +58,34 @@ class ServiceServer:
     def __init__(self, bus: Bus, service: str, endpoint: str):
         self.bus, self.service = bus, service
         self.stats = TopicStats()
-        self.sock = bus.sockets.make(zmq.ROUTER, hwm=0)
-        self.endpoint = bind(self.sock, endpoint)
         self._waiting: collections.deque[Request] = collections.deque()
         self._wakeup: asyncio.Future | None = None
         self._channel: Channel | None = None  # made on first use, inside the running loop
+        self.sock = self._listener = None
+        self._streams: set[stream.StreamChannel] = set()  # one per connected client
+        if stream.is_stream(endpoint):
+            path = stream.path_of(endpoint)
+            self._listener = stream.Listener(path)
+            self.endpoint = stream.SCHEME + path
+        else:
+            self.sock = bus.sockets.make(zmq.ROUTER, hwm=0)
+            self.endpoint = bind(self.sock, endpoint)
+        self._started = False
 
     def _ensure_channel(self) -> None:
-        if self._channel is None:
+        if self._started:
+            return
+        self._started = True
+        if self._listener is not None:
+            self._listener.start(self._on_connection)
+        else:
             self._channel = Channel(self.sock, self._on_message)
+
+    def _on_connection(self, conn) -> None:
+        channel = stream.StreamChannel(conn, None)
+        channel.on_message = lambda frames: self._on_stream_message(channel, frames)
+        channel.on_close = lambda: self._streams.discard(channel)
+        self._streams.add(channel)
 
     async def recv(self) -> Request:
         self._ensure_channel()
@@ -79,28 +103,37 @@ class ServiceServer:
         return self._waiting.popleft() if self._waiting else None
 
     def send_reply(self, request: Request, msg) -> None:
-        self._channel.send([request.routing_id, request.request_id,
-                            *codec.encode(msg, self.bus.instance)])
+        frames = codec.encode(msg, self.bus.instance)
+        route = request.routing_id
+        if type(route) is stream.StreamChannel:
+            if not route.closed:  # a client that went away gets nothing, as from a ROUTER
+                route.send([request.request_id, *frames])
+        else:
+            self._channel.send([route, request.request_id, *frames])
 
     def _on_message(self, frames) -> None:
-        request = self._parse(frames)
-        if request is not None:
-            self._waiting.append(request)
-            if self._wakeup is not None and not self._wakeup.done():
-                self._wakeup.set_result(None)
-
-    def _parse(self, frames) -> Request | None:
         if len(frames) < 3:
             self.stats.malformed += 1
-            return None
+            return
+        self._queue(frames[0].bytes, frames[1].bytes, frames[2:])
+
+    def _on_stream_message(self, channel: stream.StreamChannel, frames) -> None:
+        if len(frames) < 2:
+            self.stats.malformed += 1
+            return
+        self._queue(channel, bytes(frames[0]), frames[1:])
+
+    def _queue(self, route, request_id: bytes, frames) -> None:
         try:
-            envelope = codec.decode(frames[2:])
+            envelope = codec.decode(frames)
         except codec.ProtocolError as exc:
             self.stats.malformed += 1
             log.warning("%s: malformed request on %s: %s", self.bus.instance, self.service, exc)
-            return None
+            return
         self.stats.received += 1
-        return Request(self, frames[0].bytes, frames[1].bytes, envelope)
+        self._waiting.append(Request(self, route, request_id, envelope))
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
 
     def __aiter__(self):
         return self
@@ -108,10 +141,27 @@ class ServiceServer:
     async def __anext__(self) -> Request:
         return await self.recv()
 
+    async def flush(self, timeout: float) -> bool:
+        """Wait until every reply sent so far is written out (a Unix socket takes a large
+        reply over several writes); whether that happened within ``timeout``."""
+        try:
+            async with asyncio.timeout(timeout):
+                for channel in list(self._streams):
+                    await channel.sent()
+        except TimeoutError:
+            return False
+        return True
+
     def close(self) -> None:
         if self._channel is not None:
             self._channel.close()
-        self.bus.sockets.close(self.sock)
+        if self.sock is not None:
+            self.bus.sockets.close(self.sock)
+        if self._listener is not None:
+            self._listener.close()
+            for channel in list(self._streams):
+                channel.close(linger_s=stream.LINGER_S)
+            self._streams.clear()
 
 
 class ServerGone(TimeoutError):
@@ -133,32 +183,83 @@ class ServiceClient:
         self._sent_to: dict[bytes, str] = {}  # request id -> endpoint it went to
         self._ids = itertools.count(1)
         self._rotation = itertools.count()
-        self._available = asyncio.Event()
         # Requests made while no server was connected (issue 11: a restarting server is
         # absent for a moment): (future, msg, deadline, timer), sent once one connects.
         self._parked: list = []
+        self._connected = asyncio.Event()  # some server is connected now
+        self._listed: list[str] = []  # the servers the supervisor last reported
+        self._retry: asyncio.TimerHandle | None = None  # the next reconnection attempt
+        self._closed = False
 
     @property
     def connections(self) -> dict[str, zmq.asyncio.Socket]:
         return {endpoint: sock for endpoint, (sock, _) in self._conns.items()}
 
     def set_endpoints(self, endpoints: list[str]) -> None:
+        self._listed = list(endpoints)
         for endpoint in endpoints:
             if endpoint not in self._conns:
-                sock = self.bus.sockets.make(zmq.DEALER, hwm=0)
-                sock.connect(endpoint)
-                self._conns[endpoint] = (sock, Channel(sock, self._on_reply))
+                if stream.is_stream(endpoint):
+                    self._connect_stream(endpoint)
+                else:
+                    sock = self.bus.sockets.make(zmq.DEALER, hwm=0)
+                    sock.connect(endpoint)
+                    self._conns[endpoint] = (sock, Channel(sock, self._on_reply))
         for endpoint in list(self._conns):
             if endpoint not in endpoints:
                 sock, channel = self._conns.pop(endpoint)
                 channel.close()
-                self.bus.sockets.close(sock)
+                if not isinstance(channel, stream.StreamChannel):
+                    self.bus.sockets.close(sock)
                 self._fail_requests_to(endpoint)
+        self._on_connections_changed()
+
+    def _on_connections_changed(self) -> None:
         if self._conns:
-            self._available.set()
+            self._connected.set()
             self._send_parked()
         else:
-            self._available.clear()
+            self._connected.clear()
+
+    async def wait_connected(self) -> None:
+        """Return once some server is connected (at once if one is)."""
+        await self._connected.wait()
+
+    # Same-machine servers (pipeline.stream) ---------------------------------------------------
+    # A connection is made when the server is listed. If the server refuses (it is gone, or
+    # not listening yet) or closes the connection (it exited), its pending requests fail with
+    # ServerGone at once and the connection is tried again while the server stays listed; a
+    # restarted server is a new endpoint, so this only ever reconnects to a live one.
+
+    def _connect_stream(self, endpoint: str) -> None:
+        try:
+            sock = stream.connect(stream.path_of(endpoint))
+        except OSError:
+            self._retry_later()
+            return
+        channel = stream.StreamChannel(sock, self._on_stream_reply)
+        channel.on_close = lambda: self._on_stream_closed(endpoint, channel)
+        self._conns[endpoint] = (sock, channel)
+
+    def _on_stream_closed(self, endpoint: str, channel) -> None:
+        if self._conns.get(endpoint, (None, None))[1] is not channel:
+            return
+        del self._conns[endpoint]
+        self._fail_requests_to(endpoint)
+        self._on_connections_changed()
+        self._retry_later()
+
+    def _retry_later(self) -> None:
+        if self._retry is None and not self._closed:
+            self._retry = asyncio.get_running_loop().call_later(_RECONNECT_S, self._reconnect)
+
+    def _reconnect(self) -> None:
+        self._retry = None
+        missing = [e for e in self._listed if e not in self._conns]
+        for endpoint in missing:
+            self._connect_stream(endpoint)
+        if any(e in self._conns for e in missing):
+            self._on_connections_changed()
 
     def _fail_requests_to(self, endpoint: str) -> None:
         """The server behind ``endpoint`` is gone: its pending requests fail now, not at their
@@ -170,11 +271,17 @@ class ServiceClient:
                     f"server of {self.service!r} at {endpoint} went away"))
 
     def _on_reply(self, frames) -> None:
-        future = self._pending.get(frames[0].bytes)
+        self._complete(frames[0].bytes, frames[1:])
+
+    def _on_stream_reply(self, frames) -> None:
+        self._complete(bytes(frames[0]), frames[1:])
+
+    def _complete(self, request_id: bytes, frames) -> None:
+        future = self._pending.get(request_id)
         if future is None or future.done():
             return  # reply to a request that timed out
         try:
-            future.set_result(codec.decode(frames[1:]))
+            future.set_result(codec.decode(frames))
         except codec.ProtocolError as exc:
             self.stats.malformed += 1
             future.set_exception(exc)
@@ -184,15 +291,12 @@ class ServiceClient:
         without a trip through the event loop. For a caller that computed while its prefetched
         reply arrived (the learner trains while its next batch comes): the reply is then ready
         at once, where awaiting it would first go round the loop (~50 µs per update)."""
-        for _, channel in self._conns.values():
+        for _, channel in list(self._conns.values()):
             channel.drain()
 
     async def request(self, msg, timeout: float = 30.0) -> codec.Envelope:
-        """Send ``msg`` to one server and wait for its reply; TimeoutError after ``timeout``."""
-        if not self._available.is_set():
-            deadline = time.monotonic() + timeout
-            await asyncio.wait_for(self._available.wait(), timeout)
-            timeout = max(0.0, deadline - time.monotonic())
+        """Send ``msg`` to one server and wait for its reply; TimeoutError after ``timeout``
+        (waiting for a server to connect, if none is, counts in it)."""
         return await self.submit(msg, timeout)
 
     def submit(self, msg, timeout: float = 30.0, endpoint: str | None = None) -> asyncio.Future:
@@ -265,6 +369,10 @@ class ServiceClient:
         self._sent_to.pop(request_id, None)
 
     def close(self) -> None:
+        self._closed = True
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
         for future, _, _, timer in self._parked:
             timer.cancel()
             if not future.done():
@@ -272,7 +380,8 @@ class ServiceClient:
         self._parked.clear()
         for sock, channel in self._conns.values():
             channel.close()
-            self.bus.sockets.close(sock)
+            if not isinstance(channel, stream.StreamChannel):
+                self.bus.sockets.close(sock)
         self._conns.clear()
 
 

@@ -6,13 +6,14 @@ as a restarted incarnation gets) comes up while requests are waiting."""
 from __future__ import annotations
 
 import asyncio
+import select
 
 import numpy as np
 import pytest
 import zmq
 import zmq.asyncio
 
-from pipeline import codec
+from pipeline import codec, stream
 from pipeline.bus import Bus
 from pipeline.messages import Record
 from pipeline.sockets import SocketFactory
@@ -95,12 +96,13 @@ def test_a_request_with_no_server_fails_only_at_its_timeout(tmp_path):
 
 
 async def _drain(tmp_path) -> None:
+    """Over tcp: a plain ZeroMQ ROUTER driven by hand."""
     ctx = zmq.asyncio.Context()
     client_bus = Bus("learner.0~0", "learner", {}, {}, {}, sockets=SocketFactory(ctx))
     server = zmq.Context.instance().socket(zmq.ROUTER)  # a plain server, driven by hand
     server.setsockopt(zmq.LINGER, 0)
-    endpoint = f"ipc://{tmp_path}/s"
-    server.bind(endpoint)
+    server.bind("tcp://127.0.0.1:*")
+    endpoint = server.getsockopt_string(zmq.LAST_ENDPOINT)
     try:
         client_bus.set_peers({}, {"sample": [endpoint]})
         client = client_bus.client("sample")
@@ -120,6 +122,40 @@ async def _drain(tmp_path) -> None:
         ctx.term()
 
 
+async def _drain_unix(tmp_path) -> None:
+    """On one machine: a plain Unix socket driven by hand (pipeline.stream's framing)."""
+    ctx = zmq.asyncio.Context()
+    client_bus = Bus("learner.0~0", "learner", {}, {}, {}, sockets=SocketFactory(ctx))
+    path = f"{tmp_path}/s"
+    listener = stream.listen(path)
+    listener.setblocking(True)
+    endpoint = f"unix://{path}"
+    conn = None
+    try:
+        client_bus.set_peers({}, {"sample": [endpoint]})
+        client = client_bus.client("sample")
+        future = client.submit(Record(1, np.arange(4)), timeout=10)
+        conn, _ = listener.accept()
+        conn.settimeout(10)
+        request_id, *_ = stream.read_message(conn)
+        reply = [bytes(request_id), *codec.encode(Record(1, np.arange(4)), "replay.0~0")]
+        conn.sendall(b"".join([stream.frame_header(reply)[0], *reply]))
+        # The reply is on the client's socket; the event loop has not run since.
+        poller = select.poll()
+        poller.register(client.connections[endpoint].fileno(), select.POLLIN)
+        assert poller.poll(10_000)
+        assert not future.done()
+        client.drain()
+        assert future.done() and future.result().message.origin == 1
+    finally:
+        if conn is not None:
+            conn.close()
+        listener.close()
+        client_bus.close()
+        ctx.term()
+
+
 @pytest.mark.timeout(60)
-def test_drain_completes_a_reply_that_is_waiting_without_the_event_loop(tmp_path):
-    asyncio.run(_drain(tmp_path))
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_drain_completes_a_reply_that_is_waiting_without_the_event_loop(tmp_path, transport):
+    asyncio.run(_drain(tmp_path) if transport == "tcp" else _drain_unix(tmp_path))
