@@ -61,6 +61,9 @@ from storage.sharding import split_by_shard
 
 log = logging.getLogger(__name__)
 
+# The longest the learner trains on ready replies without letting its other tasks run.
+_LOOP_TURN_S = 0.05
+
 
 @dataclass(frozen=True)
 class Config(AlgorithmConfig):
@@ -216,11 +219,18 @@ class Learner:
     async def _sample_and_train(self, client, priorities, length: int,
                                 pending: collections.deque) -> None:
         config = self.config
+        turned = time.perf_counter()  # when the event loop last ran its other tasks
         while not self.node.stopping.is_set() and not self.handed_over.is_set() and \
                 self.env_steps < config.num_env_steps:
             while len(pending) < config.prefetch:  # the next batches come while we train
                 pending.append(await self._submit(client, length))
             waited = time.perf_counter()
+            if waited - turned > _LOOP_TURN_S:
+                # Awaiting a reply that drain() completed does not yield: with every reply
+                # there in time the loop would never run the heartbeats, stop requests or
+                # params sends (the supervisor killed such a learner for its silence).
+                await asyncio.sleep(0)
+                turned = time.perf_counter()
             client.drain()  # the reply that came while we trained: ready now, not next round
             try:
                 # Kept on stop: cancelled below with the other requests in flight.
