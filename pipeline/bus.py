@@ -208,12 +208,14 @@ class Bus:
                 sub.leave()
 
     async def flush(self, timeout: float) -> bool:
-        """Wait until every reliable message this instance published was acknowledged and
-        every reply its servers sent was written out."""
+        """Wait until every reliable message this instance published was acknowledged (the
+        result: whether they were) and every reply its servers sent was written out."""
         deadline = time.monotonic() + timeout
         ok = True
-        for part in [*self.publishers.values(), *self.servers.values()]:
-            ok &= await part.flush(max(0.0, deadline - time.monotonic()))
+        for pub in self.publishers.values():
+            ok &= await pub.flush(max(0.0, deadline - time.monotonic()))
+        for server in self.servers.values():  # replies are not the topics' ledger: not in ok
+            await server.flush(max(0.0, deadline - time.monotonic()))
         return ok
 
     def stats(self) -> dict:
