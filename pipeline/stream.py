@@ -210,19 +210,26 @@ class StreamChannel:
             return self._read_big()
         if self._end == len(self._buf):
             self._compact()
-        try:
-            got = self.sock.recv_into(self._view[self._end:])
-        except (BlockingIOError, InterruptedError):
-            return False
-        except OSError:
-            self._lost()
-            return False
-        if got == 0:
-            self._lost()
+        got = self._recv_into(self._view[self._end:])
+        if not got:
             return False
         self._end += got
         self._parse()
         return True
+
+    def _recv_into(self, view) -> int:
+        """Bytes read into ``view``; 0 if none are there now or the connection ended (then
+        the channel is closed)."""
+        try:
+            got = self.sock.recv_into(view)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except OSError:
+            self._lost()
+            return 0
+        if got == 0:
+            self._lost()
+        return got
 
     def _compact(self) -> None:
         pending = self._end - self._start
@@ -254,15 +261,8 @@ class StreamChannel:
 
     def _read_big(self) -> bool:
         big = self._big
-        try:
-            got = self.sock.recv_into(memoryview(big)[self._big_filled:])
-        except (BlockingIOError, InterruptedError):
-            return False
-        except OSError:
-            self._lost()
-            return False
-        if got == 0:
-            self._lost()
+        got = self._recv_into(memoryview(big)[self._big_filled:])
+        if not got:
             return False
         self._big_filled += got
         if self._big_filled == len(big):
