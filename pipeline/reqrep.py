@@ -1,10 +1,11 @@
 """Request/reply: a server listens, clients connect one connection per server and match
 replies to requests by id, with timeouts.
 
-On one machine (``ipc://`` endpoints, advertised as ``unix://``) both ends speak over a plain
-Unix stream socket read from the event loop (:mod:`pipeline.stream`: one wake-up per message,
-where ZeroMQ's I/O threads add two). Over ``tcp://`` a server binds a ROUTER and clients
-connect a DEALER (CurveZMQ), both run on a :class:`~pipeline.channel.Channel`.
+On one machine (``unix://`` endpoints; a server given ``ipc://`` advertises ``unix://``) both
+ends speak over a plain Unix stream socket read from the event loop (:mod:`pipeline.stream`:
+one wake-up per message, where ZeroMQ's I/O threads add two). Over ``tcp://`` a server binds a
+ROUTER and clients connect a DEALER (CurveZMQ), both run on a
+:class:`~pipeline.channel.Channel`.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 
+from pipeline import stream
 from pipeline.graph import Graph
 from pipeline.node import Launch
 from pipeline.sockets import private_socket_dir, remove_socket_dir
@@ -34,9 +35,13 @@ def tcp_endpoint(interface: str) -> str:
 
 
 def endpoint(graph: Graph, sock_dir: str, incarnation: str, name: str) -> str:
+    """Where ``name`` binds. On one machine a topic is a ZeroMQ ``ipc://`` socket and a
+    service a plain Unix socket (``unix://``, :mod:`pipeline.stream`): one spelling per
+    endpoint everywhere, so a node can recognise its own among its peers."""
     if graph.run.transport == "tcp":
         return tcp_endpoint(graph.run.interface)
-    return f"ipc://{sock_dir}/{incarnation}.{name}"
+    scheme = "ipc://" if name in graph.topics else stream.SCHEME
+    return f"{scheme}{sock_dir}/{incarnation}.{name}"
 
 
 def make_launch(graph: Graph, node_name: str, replica: int, generation: int, run_dir: str,

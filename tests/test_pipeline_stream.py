@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import os
 import socket
 
 import numpy as np
 import pytest
 import zmq.asyncio
 
-from pipeline import stream
+from pipeline import graph as graphlib
+from pipeline import stream, wiring
 from pipeline.bus import Bus, ServerGone
 from pipeline.messages import Record
 from pipeline.sockets import SocketFactory
+from tests.pipeline_harness import ROOT
 
 MiB = 1 << 20
 
@@ -208,3 +211,23 @@ async def _reconnects(tmp_path) -> None:
 @pytest.mark.timeout(60)
 def test_a_server_that_starts_listening_late_is_reached(tmp_path):
     run(_reconnects(tmp_path))
+
+
+def test_a_service_is_spelled_one_way_from_launch_to_peers(tmp_path):
+    """The supervisor's first peers come from the launches, later ones from what each node
+    says it bound: both must name a service the same way. When they did not (``ipc://`` in
+    the launch, ``unix://`` bound), a resumed learner did not recognise its own state server,
+    asked itself for a handover and stopped training; runners reconnected at the next peers
+    and asked for the same step twice."""
+    import nodes  # noqa: F401 - registers the node kinds the graph names
+
+    graph = graphlib.load(os.path.join(ROOT, "graphs", "dqn_cartpole.yaml"))
+    launch = wiring.make_launch(graph, "learner", 0, 0, str(tmp_path), str(tmp_path), None)
+    bus = Bus(launch.incarnation, launch.node, {}, launch.bind, {})
+    try:
+        bound = bus.server("learner_state").endpoint
+        assert bound == launch.bind["learner_state"] and bound.startswith("unix://")
+        assert wiring.peers(graph, [launch])["services"]["learner_state"] == [bound]
+        assert launch.bind["params"].startswith("ipc://")  # topics stay on ZeroMQ
+    finally:
+        bus.close()
