@@ -216,10 +216,13 @@ class SacAlgorithm(RLAlgorithm):
         eps_next = torch.randn(noise_shape, device=self.device)
         eps_pi = torch.randn(noise_shape, device=self.device)
         self._zero_gradients()
+        # The device this thread computes on, as an index: set_device refuses a bare "cuda".
+        cuda_index = None if self.device.type != "cuda" else \
+            self.device.index if self.device.index is not None else torch.cuda.current_device()
 
         def actor_half():
-            if self.device.type == "cuda":  # this thread's CUDA context (else cuBLAS warns)
-                torch.cuda.set_device(self.device)
+            if cuda_index is not None:  # this thread's CUDA context (else cuBLAS warns)
+                torch.cuda.set_device(cuda_index)
             dist = self.actor_network(obs_cur)
             actor_loss, entropy = self._actor_objective(dist, obs_cur, alpha, eps_pi)
             actor_loss = actor_loss.view(B, T - 1).mean(1)
