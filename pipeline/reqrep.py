@@ -179,7 +179,7 @@ class ServiceClient:
     def __init__(self, bus: Bus, service: str):
         self.bus, self.service = bus, service
         self.stats = TopicStats()
-        self._conns: dict[str, tuple[zmq.asyncio.Socket, Channel]] = {}
+        self._conns: dict[str, tuple] = {}  # endpoint -> (socket, Channel or StreamChannel)
         self._pending: dict[bytes, asyncio.Future] = {}
         self._sent_to: dict[bytes, str] = {}  # request id -> endpoint it went to
         self._ids = itertools.count(1)
@@ -193,7 +193,9 @@ class ServiceClient:
         self._closed = False
 
     @property
-    def connections(self) -> dict[str, zmq.asyncio.Socket]:
+    def connections(self) -> dict:
+        """The servers connected now: endpoint -> socket (a Unix socket on one machine, a
+        ZeroMQ DEALER over tcp)."""
         return {endpoint: sock for endpoint, (sock, _) in self._conns.items()}
 
     def set_endpoints(self, endpoints: list[str]) -> None:
