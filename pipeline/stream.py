@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import os
 import socket
 import struct
@@ -161,21 +162,24 @@ class StreamChannel:
             self._lost()
             return
         if sent < total:
-            self._queue_rest(buffers, sent)
+            self._unsent.extend(buffers)
+            self._drop_written(sent)
+            self._loop.add_writer(self._fd, self._writable)
 
-    def _queue_rest(self, buffers: list, sent: int) -> None:
-        for buffer in buffers:
-            view = memoryview(buffer).cast("B")
-            if sent >= len(view):
-                sent -= len(view)
-                continue
-            self._unsent.append(view[sent:])
-            sent = 0
-        self._loop.add_writer(self._fd, self._writable)
+    def _drop_written(self, sent: int) -> None:
+        """Take the first ``sent`` bytes off the queue (a buffer written in part stays as the
+        view of its rest)."""
+        while sent:
+            size = _nbytes(self._unsent[0])
+            if sent < size:
+                self._unsent[0] = memoryview(self._unsent[0]).cast("B")[sent:]
+                return
+            sent -= size
+            self._unsent.popleft()
 
     def _writable(self) -> None:
         while self._unsent:
-            batch = list(self._unsent)[:_MAX_FRAMES]
+            batch = list(itertools.islice(self._unsent, _MAX_FRAMES))
             try:
                 sent = self.sock.sendmsg(batch)
             except (BlockingIOError, InterruptedError):
@@ -183,14 +187,9 @@ class StreamChannel:
             except OSError:
                 self._lost()
                 return
-            for buffer in batch:
-                size = _nbytes(buffer)
-                if sent >= size:
-                    sent -= size
-                    self._unsent.popleft()
-                    continue
-                self._unsent[0] = memoryview(buffer).cast("B")[sent:]
-                return
+            self._drop_written(sent)
+            if sent < sum(map(_nbytes, batch)):
+                return  # the socket is full again: the loop calls back when it is writable
         self._loop.remove_writer(self._fd)
         if self._linger is not None:
             self._shut()
