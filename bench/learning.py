@@ -6,8 +6,10 @@
     python bench/learning.py ALGO ENV --graph G --seeds 0,1,2    # one run per seed, median ratio
 
 Both runs use the hyperparameters of ``algorithms.presets`` (mapped onto SB3's names), or for
-MinAtar those of ``MINATAR_PRESETS`` below (the graph's, checked against the graph file), the same
-env-step budget, and the same greedy evaluation (10 episodes every ``eval_interval`` env steps,
+MinAtar those of ``MINATAR_PRESETS`` below (a DQN graph's are checked against the preset), the
+same algorithm (DQN with double Q, ours by default, is SB3's DQN with the Double-DQN target,
+:func:`_double_dqn_class`; SB3's own ``DQN`` where ``double_q`` is false), the same env-step
+budget, and the same greedy evaluation (10 episodes every ``eval_interval`` env steps,
 evaluation time excluded from the clock). Each stops at the first evaluation that reaches the
 threshold. The last line printed is one JSON object; ``ratio`` is ours / SB3 wall-clock seconds
 to the threshold (null when either run did not reach it or SB3 has no counterpart).
@@ -245,8 +247,12 @@ def _sb3_model(p: Preset, env, seed: int):
     a, t = p.algorithm, p.trainer
     n = t.get("num_envs", 1)
     common = dict(seed=seed, device="cpu", verbose=0)
+    # The same algorithm on both sides: SB3's DQN has no double Q; where ours has it (the
+    # algorithm's default), SB3 gets it too.
+    dqn_class = (_double_dqn_class() if a.get("double_q", True) else sb3.DQN) \
+        if p.algo == "dqn" else None
     if p.algo == "dqn" and a.get("encoder") == "minatar_cnn":
-        return _double_dqn_class()(
+        return dqn_class(
             "CnnPolicy", env, learning_rate=a["learning_rate"], gamma=a["gamma"],
             n_steps=a["n_step"], buffer_size=t["replay_buffer_length"] * n,
             learning_starts=t["initial_collect_steps"],
@@ -264,7 +270,7 @@ def _sb3_model(p: Preset, env, seed: int):
                                features_extractor_class=_minatar_cnn_extractor()),
             **common)
     if p.algo == "dqn":
-        return sb3.DQN(
+        return dqn_class(
             "MlpPolicy", env, learning_rate=a["learning_rate"], gamma=a["gamma"],
             buffer_size=t["replay_buffer_length"] * n, learning_starts=t["initial_collect_steps"],
             batch_size=t["mini_batch_size"], tau=1.0, train_freq=t["unroll_length"],
@@ -422,7 +428,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sb3-eval-interval", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     p = preset(args.algo, args.env)
-    if args.graph and p.env_id.startswith("MinAtar/"):
+    if args.graph and p.algo == "dqn":
         check_graph(args.graph, p)
     if args.sb3_launched_at is not None:  # the SB3 side of --graph, in its own process
         print(json.dumps(run_sb3(p, args.seed, args.threads, args.sb3_launched_at,

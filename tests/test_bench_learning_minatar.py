@@ -1,6 +1,7 @@
-"""``bench/learning.py dqn MinAtar/Breakout --graph graphs/dqn_minatar.yaml`` gives SB3 the graph's
-hyperparameters: the bench refuses a graph that drifts from its preset, and the SB3 side sees the
-graph's observations (uint8 ``[4, 10, 10]``) through the same network shape."""
+"""``bench/learning.py`` gives SB3 the hyperparameters and the algorithm of the graph it compares
+with: the bench refuses a DQN graph that drifts from its preset, SB3 runs DQN with double Q where
+ours has it, and for MinAtar (``dqn MinAtar/Breakout --graph graphs/dqn_minatar.yaml``) the SB3 side
+sees the graph's observations (uint8 ``[4, 10, 10]``) through the same network shape."""
 
 import importlib.util
 import sys
@@ -81,3 +82,25 @@ def test_the_graphs_clock_stops_when_the_evaluated_parameters_arrived(bench):
     reached the threshold: its result's arrival less ``eval/seconds``."""
     assert bench._evaluated_at({"time": 100.0, "eval/seconds": 1.5}) == 98.5
     assert bench._evaluated_at({"time": 100.0}) == 100.0  # runs recorded before eval/seconds
+
+
+def test_cartpole_dqn_graph_matches_its_preset(bench):
+    bench.check_graph(str(ROOT / "graphs" / "dqn_cartpole.yaml"), bench.preset("dqn", "CartPole-v1"))
+
+
+@pytest.mark.parametrize("double_q", [None, True, False])
+def test_sb3_runs_the_same_dqn_as_ours(bench, double_q):
+    """Ours computes the Double-DQN target unless ``double_q: false``: SB3 then gets its DQN
+    with that target, else its own DQN (which has none)."""
+    pytest.importorskip("stable_baselines3")
+    import dataclasses
+
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.env_util import make_vec_env
+
+    p = bench.preset("dqn", "CartPole-v1")
+    if double_q is not None:
+        p = dataclasses.replace(p, algorithm={**p.algorithm, "double_q": double_q})
+    model = bench._sb3_model(p, make_vec_env("CartPole-v1", n_envs=1, seed=0), 0)
+    assert (type(model) is DQN) == (double_q is False), type(model)
+    assert isinstance(model, DQN)
