@@ -31,6 +31,7 @@ import time
 
 import gymnasium as gym
 import numpy as np
+from pipeline_throughput import single_process_rate  # the limit item 2 is measured against
 
 _LENGTH = struct.Struct("<I")
 
@@ -102,18 +103,6 @@ def two_processes(num_envs: int, seconds: float, placement: str) -> float:
     return rate
 
 
-def one_process(num_envs: int, seconds: float) -> float:
-    """The limit ``bench/pipeline_throughput.py`` compares with: stepping alone."""
-    envs, rng = make_envs(num_envs), np.random.default_rng(0)
-    envs.reset(seed=0)
-    steps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        envs.step(rng.integers(0, 2, size=num_envs))
-        steps += num_envs
-    envs.close()
-    return steps / (time.perf_counter() - start)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--envs", type=int, default=64)
@@ -126,7 +115,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for placement in placements:
             ours = two_processes(args.envs, args.seconds, placement)
-            limit = one_process(args.envs, args.seconds)
+            limit = single_process_rate(args.envs, args.seconds)
             ratios[placement].append(ours / limit)
             print(f"{placement:>10}{ours:>23.0f}{limit:>21.0f}{ours / limit:>8.2f}", flush=True)
     print(json.dumps({"bench": "runner_floor", "envs": args.envs, "cpus": os.cpu_count(),
