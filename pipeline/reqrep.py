@@ -210,12 +210,15 @@ class ServiceClient:
                     self._conns[endpoint] = (sock, Channel(sock, self._on_reply))
         for endpoint in list(self._conns):
             if endpoint not in endpoints:
-                sock, channel = self._conns.pop(endpoint)
-                channel.close()
-                if not isinstance(channel, stream.StreamChannel):
-                    self.bus.sockets.close(sock)
+                self._disconnect(endpoint)
                 self._fail_requests_to(endpoint)
         self._on_connections_changed()
+
+    def _disconnect(self, endpoint: str) -> None:
+        sock, channel = self._conns.pop(endpoint)
+        channel.close()  # a stream channel closes its socket itself
+        if not isinstance(channel, stream.StreamChannel):
+            self.bus.sockets.close(sock)
 
     def _on_connections_changed(self) -> None:
         if self._conns:
@@ -381,11 +384,8 @@ class ServiceClient:
             if not future.done():
                 future.cancel()
         self._parked.clear()
-        for sock, channel in self._conns.values():
-            channel.close()
-            if not isinstance(channel, stream.StreamChannel):
-                self.bus.sockets.close(sock)
-        self._conns.clear()
+        for endpoint in list(self._conns):
+            self._disconnect(endpoint)
 
 
 def _chain(inner: asyncio.Future, outer: asyncio.Future) -> None:

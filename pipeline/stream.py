@@ -146,12 +146,16 @@ class StreamChannel:
         read when written, as ZeroMQ's zero-copy frames are: do not change them meanwhile."""
         if self.closed:
             raise ConnectionError("stream channel is closed")
-        if len(frames) > _MAX_FRAMES:
-            frames = [b"".join(frames)]
         header, total = frame_header(frames)
-        if self._unsent:
+        if self._unsent or len(frames) >= _MAX_FRAMES:
+            # Behind what is queued, or more buffers than one sendmsg takes: the queue
+            # writes them in order, _MAX_FRAMES at a time.
+            idle = not self._unsent
             self._unsent.append(header)
             self._unsent.extend(frames)
+            if idle:
+                self._loop.add_writer(self._fd, self._writable)
+                self._writable()
             return
         buffers = [header, *frames]
         try:

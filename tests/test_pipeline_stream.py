@@ -68,6 +68,30 @@ def test_messages_arrive_whole_and_in_order_across_partial_writes(tmp_path):
     run(_order_and_sizes(tmp_path))
 
 
+async def _many_frames(tmp_path) -> None:
+    got = []
+    done = asyncio.get_running_loop().create_future()
+
+    def on_message(frames):
+        got.append([bytes(f) for f in frames])
+        if len(got) == 2 and not done.done():
+            done.set_result(None)
+
+    a, b = await _pair(tmp_path, lambda frames: None, on_message)
+    many = [i.to_bytes(2, "little") for i in range(2500)]  # over one sendmsg's buffers
+    a.send(many)
+    a.send([b"after"])
+    await done
+    assert got == [many, [b"after"]]
+    a.close()
+    b.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_message_of_more_frames_than_one_write_takes_keeps_its_frames(tmp_path):
+    run(_many_frames(tmp_path))
+
+
 async def _frames_are_writable_and_owned(tmp_path) -> None:
     got = []
     arrived = asyncio.Event()
