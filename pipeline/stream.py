@@ -10,7 +10,8 @@ graph's step rate (issue 13, item 2). Topics keep ZeroMQ (fan-out, credits, taps
 services over tcp keep it too (CurveZMQ).
 
 The wire: each message is ``<u32 length of the rest><u16 frame count><u32 length per frame>``
-followed by the frames' bytes, written with one ``sendmsg`` (the frames are not joined).
+followed by the frames' bytes, written with one ``sendmsg`` (the frames are not joined;
+a message of more frames than one call takes goes out in several).
 A frame handed to the receiver is a view of a buffer of that message's own (never of a buffer
 that is reused), writable, as a ``zmq.Frame`` received without copying is.
 """
