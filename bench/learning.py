@@ -90,7 +90,8 @@ def check_graph(graph: str, p: Preset) -> None:
     if alg != want:
         raise SystemExit(f"{graph}: algorithm {alg} differs from the bench preset {want}")
     t = p.trainer
-    runner, store = nodes["env_runner"]["config"], nodes["replay_store"]["config"]
+    runner = next(n["config"] for n in nodes.values() if n["kind"] in ("env_runner", "actor"))
+    store = nodes["replay_store"]["config"]
     learner = nodes["learner"]["config"]
     got = (runner["num_envs"], store["max_length"], store["min_size_to_sample"],
            learner["mini_batch_size"], store["samples_per_insert"])

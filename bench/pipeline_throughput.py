@@ -1,7 +1,7 @@
 """Environment steps per second through the graph vs one process stepping the same envs.
 
     python bench/pipeline_throughput.py [--envs-per-runner 256] [--seconds 10]
-        [--env-groups 2] [--pin env_runner:0,unroller:1,replay_store:1,supervisor:1]
+        [--env-groups 2] [--pin env_runner:0,unroller:1,replay_store:1,supervisor:1] [--actor]
 
 For 1, 2 and 4 env runners (each with ``--envs-per-runner`` CartPole-v1 environments), runs the
 real multi-process graph env_runner x N -> unroller (random policy) -> experience -> replay_store
@@ -18,6 +18,11 @@ into replay has a fixed cost (a few hundred µs of CPU across three processes on
 machine), and a CartPole step costs ~10 µs, so a runner needs a batch of this size for stepping
 to dominate. ``--envs-per-runner 64`` shows the cost of
 smaller batches.
+
+``--actor`` runs the same envs in actors (``kind: actor``, named ``env_runner`` here so the
+rest reads alike): each acts with its own copy of the policy, so there is no round trip per
+step and the actor publishes the experience itself. That is how a small batch of cheap envs
+reaches most of the one-process rate; the unroller's round trip costs about half of it at 64.
 """
 
 from __future__ import annotations
@@ -62,6 +67,28 @@ run:
   duration_s: 600
 """
 
+# ``--actor``: the same envs stepped by actors, each with its own copy of the (random) policy:
+# no ``policy`` round trip, the actor publishes its experience itself (nodes/actor.py).
+ACTOR_GRAPH = """
+name: pipeline_throughput_actor
+topics:
+  experience: {{delivery: reliable, hwm: 256}}
+nodes:
+  env_runner:
+    kind: actor
+    replicas: {runners}
+    config: {{env_id: CartPole-v1, num_envs: {envs}, env_groups: {groups},
+              algorithm: {{name: random}}}}
+    publishes: [experience]
+  replay_store:
+    kind: replay_store
+    config: {{num_environments: {total}, max_length: 20000}}
+    subscribes: [experience]
+    serves: [sample]
+run:
+  duration_s: 600
+"""
+
 
 def single_process_rate(num_envs: int, seconds: float) -> float:
     env = gym.make_vec("CartPole-v1", num_envs=num_envs, vectorization_mode="sync",
@@ -94,12 +121,13 @@ def pin_nodes(run_dir: str, supervisor_pid: int, placement: dict[str, int]) -> N
 
 
 def graph_rate(runners: int, envs: int, seconds: float, warmup: float,
-               groups: int = 1, placement: dict[str, int] | None = None) -> tuple:
+               groups: int = 1, placement: dict[str, int] | None = None,
+               actor: bool = False) -> tuple:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "graph.yaml")
         with open(path, "w") as f:
-            f.write(GRAPH.format(runners=runners, envs=envs, total=runners * envs,
-                                 groups=groups))
+            f.write((ACTOR_GRAPH if actor else GRAPH).format(
+                runners=runners, envs=envs, total=runners * envs, groups=groups))
         run_dir = os.path.join(tmp, "run")
         proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "run.py"), "run", path,
                                  "--run-dir", run_dir, "--quiet"], cwd=ROOT,
@@ -147,6 +175,9 @@ def main() -> None:
     parser.add_argument("--env-groups", type=int, default=1,
                         help="groups of each runner's envs stepped while the others' actions "
                              "are computed (env_runner env_groups)")
+    parser.add_argument("--actor", action="store_true",
+                        help="actors (env runners with the policy in their own process) "
+                             "instead of env runners and an unroller")
     parser.add_argument("--pin", default="",
                         help="NAME:CPU,...: pin every thread of these processes (env_runner.0 "
                              "is env_runner, also unroller, replay_store, supervisor) to a CPU")
@@ -159,7 +190,8 @@ def main() -> None:
     for n in args.runners:
         total = n * args.envs_per_runner
         ours, (stepping, waiting), env_step_us = graph_rate(
-            n, args.envs_per_runner, args.seconds, args.warmup, args.env_groups, placement)
+            n, args.envs_per_runner, args.seconds, args.warmup, args.env_groups, placement,
+            args.actor)
         limit = single_process_rate(total, args.seconds)
         wait_share = waiting / max(stepping + waiting, 1e-9)
         alone_us = 1e6 / limit  # the one process does nothing but step
@@ -171,7 +203,7 @@ def main() -> None:
               f"{wait_share:>12.2f}{env_step_us:>26.2f} / {alone_us:.2f}", flush=True)
     print(json.dumps({"bench": "pipeline_throughput", "env": "CartPole-v1",
                       "envs_per_runner": args.envs_per_runner,
-                      "env_groups": args.env_groups, "cpus": os.cpu_count(),
+                      "env_groups": args.env_groups, "actor": args.actor, "cpus": os.cpu_count(),
                       "results": results}))
 
 

@@ -13,11 +13,13 @@ from pipeline.kinds import register_graph_check
 # Kinds whose ``env_id``/``env_kwargs`` describe the one environment of the run, in the order
 # the first one is taken as the reference (the runner steps it; the others size networks or
 # evaluate on it).
-ENV_KINDS = ("env_runner", "unroller", "learner", "evaluator")
+ENV_KINDS = ("env_runner", "actor", "unroller", "learner", "evaluator")
+# Kinds that step environments and number them from ``replica * num_envs``.
+RUNNER_KINDS = ("env_runner", "actor")
 
 
-def _nodes_of(graph, kind: str) -> list[str]:
-    return [name for name, spec in graph.nodes.items() if spec.kind == kind]
+def _nodes_of(graph, *kinds: str) -> list[str]:
+    return [name for name, spec in graph.nodes.items() if spec.kind in kinds]
 
 
 @register_graph_check
@@ -73,7 +75,7 @@ def runners_fit_replay(graph) -> None:
     """Replica ``r`` of an env runner numbers its envs from ``r * num_envs``: a replay store
     that takes their experience must have that many environments. Checked at load and, by the
     supervisor, before ``run.py scale`` starts a replica (a refusal changes nothing)."""
-    runners = [name for name in _nodes_of(graph, "env_runner")]
+    runners = _nodes_of(graph, *RUNNER_KINDS)
     if not runners:
         return
     for store in _nodes_of(graph, "replay_store"):
@@ -100,7 +102,7 @@ def replay_shards_are_partitioned(graph) -> None:
     one shard (``experience`` partitioned: true; else n-step returns and episodes would be cut
     across shards), priority updates must reach the shard that holds the item, and every
     shard needs a runner of its own (a shard that never fills would stall the learner)."""
-    runners = sum(graph.nodes[n].replicas for n in _nodes_of(graph, "env_runner"))
+    runners = sum(graph.nodes[n].replicas for n in _nodes_of(graph, *RUNNER_KINDS))
     for store in _nodes_of(graph, "replay_store"):
         spec = graph.nodes[store]
         if spec.replicas == 1:

@@ -205,20 +205,28 @@ PORTS = Ports(calls={"policy": Service(TimeStepBatch, ActionBatch)},
 
 
 async def run(config: Config, node, ready) -> dict:
-    bus = node.bus
+    policy = _StopAwareRequests(node.bus.client("policy"), node)
+    try:
+        return await step_envs(config, node, policy, ready)
+    finally:
+        policy.close()
+
+
+async def step_envs(config: Config, node, policy, ready) -> dict:
+    """Step the envs until the run stops, taking actions from ``policy``: the ``policy``
+    service here, the actor's own unroller in :mod:`nodes.actor`. ``policy.send(time_step,
+    timeout)`` returns what ``await policy.wait(sent)`` turns into the reply (its ``message``
+    an :class:`ActionBatch`), or None once the run stops."""
     if config.env_groups < 1 or config.num_envs % config.env_groups:
         raise ValueError(f"num_envs ({config.num_envs}) must be a multiple of env_groups "
                          f"({config.env_groups})")
-    policy = _StopAwareRequests(bus.client("policy"), node)
+    bus = node.bus
     metrics = bus.publisher("metrics") if bus.publishes("metrics") else None
     stats = EpisodeStats(config.num_envs)
     counters = _Counters()
     ready()
-    try:
-        await asyncio.gather(*(_step_group(config, node, g, policy, metrics, stats, counters)
-                               for g in range(config.env_groups)))
-    finally:
-        policy.close()
+    await asyncio.gather(*(_step_group(config, node, g, policy, metrics, stats, counters)
+                           for g in range(config.env_groups)))
     return {"steps": counters.steps, "episodes": stats.episodes,
             "failures": counters.failures}
 

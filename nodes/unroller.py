@@ -17,6 +17,7 @@ whose version restarted from a checkpoint, is followed at once (:class:`~nodes.m
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 
@@ -187,17 +188,14 @@ class Unroller:
         self.env_steps = int(state["env_steps"])
 
 
-async def run(config: Config, node, ready) -> dict:
-    bus = node.bus
-    unroller = Unroller(config, node)
+async def start(unroller: Unroller, node) -> asyncio.Task | None:
+    """Restore the unroller's checkpoint state, wait for the learner's first parameters
+    (raises :class:`Stopping` if the run ends first) and serve ``unroller_state`` if the
+    graph lists it (the task, or None). Shared with :mod:`nodes.actor`."""
+    config = unroller.config
     restore_from_checkpoint(unroller, "unroller", node.info.resume)
-    server = bus.server("policy")
-    try:
-        if not is_random(config):
-            await unroller.wait_for_params()
-    except Stopping:
-        return {"env_steps": unroller.env_steps, "version": unroller.version}
-    ready()
+    if not is_random(config):
+        await unroller.wait_for_params()
 
     async def flush_if_final(reason: str) -> None:
         if reason == FINAL_CHECKPOINT:
@@ -205,7 +203,17 @@ async def run(config: Config, node, ready) -> dict:
             # consumers acknowledged all of it before reporting our counters.
             await unroller.output.flush(config.params_timeout_s)
 
-    state_task = start_state_server(bus, "unroller_state", "unroller", unroller, flush_if_final)
+    return start_state_server(node.bus, "unroller_state", "unroller", unroller, flush_if_final)
+
+
+async def run(config: Config, node, ready) -> dict:
+    unroller = Unroller(config, node)
+    server = node.bus.server("policy")
+    try:
+        state_task = await start(unroller, node)
+    except Stopping:
+        return {"env_steps": unroller.env_steps, "version": unroller.version}
+    ready()
     tasks = [state_task] if state_task else []
     held = None  # a request that must wait for the next batch (see take_batch)
     try:

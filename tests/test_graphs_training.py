@@ -53,7 +53,8 @@ def assert_accounting(run: LiveRun) -> None:
     nodes = summary["nodes"]
     shards = [info for name, info in nodes.items() if name.startswith("replay_store.")]
     if shards:  # one store, or every shard of a sharded one
-        produced = nodes["unroller.0"]["status"]["env_steps"]
+        producer = nodes.get("unroller.0") or nodes["actor.0"]  # whichever acted
+        produced = producer["status"]["env_steps"]
         inserted = sum(info["status"]["inserted"] for info in shards)
         assert inserted == produced, (inserted, produced)
 

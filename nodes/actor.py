@@ -1,0 +1,111 @@
+"""actor: an env runner that acts with its own copy of the policy (no ``policy`` round trip).
+
+An Ape-X / IMPALA actor, DI-engine's collector: the environments and the policy share one
+process. It steps its envs as :mod:`nodes.env_runner` does and computes their actions with an
+:class:`~nodes.unroller.Unroller` of its own, which takes the learner's ``params`` and
+publishes ``experience`` (off-policy) or ``trajectories`` (on-policy) exactly as the unroller
+node does: same messages, same ledger, same partitioning by replica, same checkpoint state.
+
+Why a kind of its own: a step of a small batch of envs (64 CartPole envs step in ~0.5 ms)
+costs less than the round trip to a policy in another process, its two codec passes and the
+wake-ups on both ends; on a machine with few cores that round trip, not the envs, sets the
+rate. The unroller node is still the choice when one batched forward pass over many runners
+pays (a GPU policy, a large network); the actor when the policy is cheap next to the round
+trip.
+
+Its config is the env runner's and the unroller's together. ``max_batch_requests`` does not
+apply (the batch is the actor's own env groups that wait), nor ``request_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from nodes import env_runner, unroller
+from nodes._algorithm_config import validate as validate_algorithm
+from nodes.messages import ActionBatch, Metrics, StateReply, StateRequest
+from pipeline.ports import Port, Ports, Service
+
+
+@dataclass(frozen=True)
+class Config(env_runner.Config, unroller.Config):
+    """The env runner's keys (``num_envs``, ``env_groups``, ``max_steps``, ...) and the
+    unroller's (``algorithm``, ``unroll_length``, ...); ``seed`` seeds both."""
+
+
+def validate(config: Config) -> None:
+    env_runner.validate(config)
+    validate_algorithm(config)
+
+
+def PORTS(config: Config) -> Ports:  # noqa: N802 - the name the pipeline looks for
+    """The unroller's outputs and ``params``, the runner's ``metrics``; no ``policy``."""
+    policy = unroller.PORTS(config)
+    return Ports(publishes={**policy.publishes, "metrics": Port(Metrics, required=False)},
+                 subscribes=policy.subscribes,
+                 serves={"unroller_state": Service(StateRequest, StateReply, required=False)})
+
+
+class _Answer(NamedTuple):
+    """What the runner reads from a reply: its ``message``."""
+
+    message: ActionBatch
+
+
+class _Request:
+    """One env group's time step, as the unroller's ``act`` takes a served request."""
+
+    __slots__ = ("message", "answer")
+
+    def __init__(self, message, answer: asyncio.Future):
+        self.message, self.answer = message, answer
+
+    async def reply(self, actions: ActionBatch) -> None:
+        self.answer.set_result(_Answer(actions))
+
+
+class LocalPolicy:
+    """The runner's policy calls, answered in this process by ``acting``.
+
+    A time step sent waits until the runner waits for its actions; then every group's step
+    that waits by then is acted on in one batch, as the unroller batches runners."""
+
+    def __init__(self, acting: unroller.Unroller, node):
+        self.acting, self.node = acting, node
+        self.waiting: list[_Request] = []
+
+    def send(self, msg, timeout: float):
+        if self.node.stopping.is_set():
+            return None
+        answer = asyncio.get_running_loop().create_future()
+        self.waiting.append(_Request(msg, answer))
+        return answer
+
+    async def wait(self, answer):
+        if answer is None:
+            return None
+        if not answer.done():
+            batch, self.waiting = self.waiting, []
+            try:
+                await self.acting.act(batch)
+            except TimeoutError as exc:  # no newer params: a failure, not a slow reply
+                raise RuntimeError(str(exc)) from None
+            except unroller.Stopping:
+                return None
+        return answer.result()
+
+
+async def run(config: Config, node, ready) -> dict:
+    acting = unroller.Unroller(config, node)
+    try:
+        state_task = await unroller.start(acting, node)
+    except unroller.Stopping:
+        return {"steps": 0, "env_steps": acting.env_steps, "version": acting.version}
+    try:
+        summary = await env_runner.step_envs(config, node, LocalPolicy(acting, node), ready)
+    finally:
+        if state_task is not None:
+            state_task.cancel()
+    return {**summary, "env_steps": acting.env_steps, "version": acting.version}

@@ -1,0 +1,129 @@
+"""The actor kind (nodes/actor.py): env runner and policy in one process, in real graphs.
+
+In one event loop, every step the actor takes reaches the replay store once; through real
+processes, DQN learns CartPole to 475 with an actor, and a kill -9 and a swap of the actor
+store nothing twice and lose nothing but what the killed process still held."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+from pipeline import graph as graphlib
+from pipeline.graphyaml import GraphError
+from pipeline.inloop import run_graph
+from tests.pipeline_harness import ROOT, LiveRun
+from tests.test_graphs_training import assert_accounting, eval_returns, reached
+from tests.test_reliability_ledger import _stop
+from tests.test_reliability_replay_restart import _status, _wait
+
+ACTOR_GRAPH = os.path.join(ROOT, "graphs", "dqn_cartpole_actor.yaml")
+
+STEPS = """
+name: actor_steps
+topics:
+  experience: {{delivery: reliable, hwm: 16}}
+nodes:
+  actor:
+    kind: actor
+    config: {{env_id: CartPole-v1, num_envs: 4, env_groups: 2, max_steps: {steps},
+              algorithm: {{name: {algorithm}}}}}
+    publishes: [experience]
+  replay_store:
+    kind: replay_store
+    config: {{num_environments: {environments}, max_length: 1000}}
+    subscribes: [experience]
+    serves: [sample]
+run:
+  stop_when: [actor, replay_store]  # a replay store that fails ends the run at once
+  duration_s: 100
+"""
+
+
+@pytest.mark.timeout(120)
+def test_every_step_an_actor_takes_is_stored_once(tmp_path):
+    """Two env groups: each group's step is acted on when the other waits, in one batch."""
+    graph = graphlib.parse(STEPS.format(steps=400, algorithm="random", environments=4),
+                           "actor.yaml")
+    summaries = asyncio.run(asyncio.wait_for(run_graph(graph, str(tmp_path)), 110))
+    steps = summaries["actor.0"]["steps"]
+    assert 400 <= steps <= 402  # each group checks the budget after its own step of 2 envs
+    assert summaries["actor.0"]["env_steps"] == steps  # its policy acted on each step once
+    assert summaries["replay_store.0"]["inserted"] == steps
+
+
+def test_an_actor_graph_is_checked_like_runner_and_unroller():
+    """Its envs must fit the replay store; its algorithm is checked at load; it has no
+    ``policy`` to call."""
+    with pytest.raises(GraphError, match="num_environments.*'actor'.*step 4 environments"):
+        graphlib.parse(STEPS.format(steps=4, algorithm="random", environments=2), "a.yaml")
+    with pytest.raises(GraphError, match="algorithm.name"):
+        graphlib.parse(STEPS.format(steps=4, algorithm="dqm", environments=4), "a.yaml")
+    calls = STEPS.replace("publishes: [experience]\n", "publishes: [experience]\n"
+                          "    calls: [policy]\n", 1)
+    with pytest.raises(GraphError, match="policy"):
+        graphlib.parse(calls.format(steps=4, algorithm="random", environments=4), "a.yaml")
+
+
+@pytest.fixture
+def live(tmp_path):
+    runs = []
+
+    def start(*overrides):
+        run = LiveRun(str(tmp_path / f"run{len(runs)}"), ACTOR_GRAPH, *overrides)
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        run.kill()
+
+
+@pytest.mark.timeout(900)
+def test_dqn_cartpole_reaches_475_with_an_actor(live):
+    run = live()
+    assert run.finish(800) == 0, run.stderr
+    assert reached(run, 475, 50_000) is not None, eval_returns(run)
+    restarts = {name: info["restarts"] for name, info in run.summary()["nodes"].items()}
+    assert not any(restarts.values()), restarts
+    assert_accounting(run)
+
+
+@pytest.mark.timeout(400)
+def test_kill_9_and_swap_of_the_actor_store_every_step_once(live):
+    """Killed, the actor loses what it had not handed to the transport yet, and nothing else;
+    swapped, its replacement goes on; the learner trains throughout and the replay store
+    holds each message the ledger says it stored, once."""
+    run = live("nodes.evaluator.config.stop_at_return=null",
+               "nodes.learner.config.num_env_steps=100000000")
+    try:
+        run.wait_ready()
+        for change in ("kill", "swap"):
+            before = _status(run, "actor.0")
+            _wait(run, lambda nodes: nodes["learner.0"].get("status", {}).get("iteration", 0)
+                  > 50, "the learner did not train")
+            if change == "kill":
+                os.kill(before["pid"], signal.SIGKILL)
+            else:
+                out = run.cli("swap", run.run_dir, "actor", "--set", "metrics_interval_s=1")
+                assert out.returncode == 0, out.stderr
+            _wait(run, lambda nodes, b=before: nodes["actor.0"]["incarnation"]
+                  != b["incarnation"] and nodes["actor.0"]["state"] == "running"
+                  and nodes["actor.0"].get("status", {}).get("steps", 0) > 0,
+                  f"the actor did not come back after the {change}")
+            iteration = _status(run, "learner.0")["status"]["iteration"]
+            _wait(run, lambda nodes, i=iteration: nodes["learner.0"]["status"]["iteration"]
+                  > i + 20, f"the learner did not train after the {change}")
+    except BaseException:
+        run.kill()
+        raise
+    summary, ledger, stored = _stop(run)
+    assert summary["nodes"]["actor.0"]["restarts"] >= 1, summary["nodes"]["actor.0"]
+    assert ledger["publishers"] == 3 and ledger["publishers_closed"] == 2, ledger
+    assert stored["stored_twice"] == 0 and stored["missing"] == 0, ledger
+    assert stored["unaccounted"] == 0, ledger
+    assert ledger["produced"] == stored["stored"] + stored["lost_with_publisher"], ledger
+    assert summary["nodes"]["replay_store.0"]["status"]["inserted"] == stored["stored"]
