@@ -63,18 +63,21 @@ class _Request:
         self.message, self.answer = message, answer
 
     async def reply(self, actions: ActionBatch) -> None:
-        self.answer.set_result(_Answer(actions))
+        if not self.answer.done():  # a group that stopped cancelled what it had asked
+            self.answer.set_result(_Answer(actions))
 
 
 class LocalPolicy:
     """The runner's policy calls, answered in this process by ``acting``.
 
     A time step sent waits until the runner waits for its actions; then every group's step
-    that waits by then is acted on in one batch, as the unroller batches runners."""
+    that waits by then is acted on in one batch, as the unroller batches runners.
+    ``wait`` returns None once the run stops."""
 
     def __init__(self, acting: unroller.Unroller, node):
         self.acting, self.node = acting, node
         self.waiting: list[_Request] = []
+        self.one_at_a_time = asyncio.Lock()
 
     def send(self, msg, timeout: float):
         if self.node.stopping.is_set():
@@ -86,15 +89,20 @@ class LocalPolicy:
     async def wait(self, answer):
         if answer is None:
             return None
-        if not answer.done():
-            batch, self.waiting = self.waiting, []
-            try:
-                await self.acting.act(batch)
-            except TimeoutError as exc:  # no newer params: a failure, not a slow reply
-                raise RuntimeError(str(exc)) from None
-            except unroller.Stopping:
-                return None
-        return answer.result()
+        # One act at a time, as the unroller node's loop does: the unroller's parameters and
+        # unroll counts are its own, and two acts waiting for parameters would share one
+        # subscription (one of them would never see the new version).
+        async with self.one_at_a_time:
+            if not answer.done():  # else acted on in the batch of a group that went first
+                batch, self.waiting = self.waiting, []
+                try:
+                    await self.acting.act(batch)
+                except TimeoutError as exc:  # no newer params: a failure, not a slow reply
+                    raise RuntimeError(str(exc)) from None
+                except unroller.Stopping:
+                    return None
+        # Not answered: its batch was given up because the run is stopping.
+        return answer.result() if answer.done() and not answer.cancelled() else None
 
 
 async def run(config: Config, node, ready) -> dict:

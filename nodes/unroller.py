@@ -95,7 +95,9 @@ class Unroller:
         self.epoch = -1  # of the learner whose parameters we act with
         self.env_steps = 0
         self.unrolls_at_version = 0
-        self.rows: dict[str, list[dict]] = {}  # on-policy rows per runner
+        # On-policy rows per env group: (runner, env_offset), as a runner with env_groups
+        # sends each group's steps apart and each group's unroll must hold its own envs.
+        self.rows: dict[tuple[str, int], list[dict]] = {}
         self.states: dict[str, object] = {}
         self.probe = ProbeLog(node.status, config.probe_observation)
 
@@ -161,7 +163,7 @@ class Unroller:
             return
         for i, s in enumerate(steps):
             lo, hi = bounds[i], bounds[i + 1]
-            await self.collect(s.runner, {k: v[lo:hi] for k, v in rows.items()})
+            await self.collect((s.runner, s.env_offset), {k: v[lo:hi] for k, v in rows.items()})
 
     async def send_experience(self, batch: ExperienceBatch, key: int | None = None) -> None:
         """Recorded before it is handed to the transport: the ledger never counts less than
@@ -171,14 +173,14 @@ class Unroller:
             self.ledger.record(self.bus.instance, self.sent, len(batch.env_ids))
         await self.output.send(batch, key=key)
 
-    async def collect(self, runner: str, row: dict) -> None:
-        rows = self.rows.setdefault(runner, [])
+    async def collect(self, group: tuple[str, int], row: dict) -> None:
+        rows = self.rows.setdefault(group, [])
         rows.append(row)
         if len(rows) == self.config.unroll_length + 1:
             unroll = {k: np.stack([r[k] for r in rows]) for k in row}
             await self.output.send(Trajectory(unroll, self.version, self.env_steps))
             self.unrolls_at_version += 1
-            self.rows[runner] = [row]  # the bootstrap row starts the next unroll
+            self.rows[group] = [row]  # the bootstrap row starts the next unroll
 
     def state(self) -> dict:
         return {"algorithm": self.alg.checkpoint_state(), "env_steps": self.env_steps}

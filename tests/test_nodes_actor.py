@@ -10,6 +10,7 @@ import asyncio
 import os
 import signal
 
+import numpy as np
 import pytest
 
 from pipeline import graph as graphlib
@@ -66,6 +67,63 @@ def test_an_actor_graph_is_checked_like_runner_and_unroller():
                           "    calls: [policy]\n", 1)
     with pytest.raises(GraphError, match="policy"):
         graphlib.parse(calls.format(steps=4, algorithm="random", environments=4), "a.yaml")
+
+
+async def unroll_checker(config, node, ready):
+    """A test kind in a PPO learner's place: publishes parameters at the start and after each
+    unroll (so the actor goes on, one unroll per version), and counts unrolls whose every
+    column holds one environment's steps."""
+    from types import SimpleNamespace
+
+    from nodes._common import make_algorithm
+    from nodes.messages import Params
+
+    alg = make_algorithm(SimpleNamespace(env_id="CartPole-v1", algorithm={"name": "ppo"},
+                                         env_kwargs={}), "cpu")
+    params, unrolls = node.bus.publisher("params"), node.bus.subscriber("trajectories")
+    ready()
+    version, counts = 0, {"unrolls": 0, "mixed": 0}
+    await params.send(Params(version, 0, alg.policy_params()))
+    while (envelope := await node.wait_or_stop(unrolls.recv())) is not None:
+        env_id = np.asarray(envelope.message.experience["env_id"])
+        counts["unrolls"] += 1
+        counts["mixed"] += int(not (env_id == env_id[0]).all())
+        version += 1
+        await params.send(Params(version, 0, alg.policy_params()))
+    return counts
+
+
+ON_POLICY = """
+name: actor_unrolls
+topics:
+  trajectories: {delivery: reliable, hwm: 4}
+  params: {delivery: latest, hwm: 4}
+nodes:
+  actor:
+    kind: actor
+    config: {env_id: CartPole-v1, num_envs: 4, env_groups: 2, max_steps: 200,
+             unroll_length: 4, algorithm: {name: ppo}}
+    subscribes: [params]
+    publishes: [trajectories]
+  learner:
+    kind: "tests.test_nodes_actor:unroll_checker"
+    subscribes: [trajectories]
+    publishes: [params]
+run:
+  stop_when: [actor, learner]  # a checker that fails ends the run at once
+  duration_s: 100
+"""
+
+
+@pytest.mark.timeout(120)
+def test_each_env_group_unrolls_its_own_environments(tmp_path):
+    """On-policy with env groups: the groups' steps reach the unroller apart (the actor's
+    here, the unroller node's alike), and an unroll of one group must not take rows of the
+    other: each column of ``[T + 1, B]`` is one environment."""
+    graph = graphlib.parse(ON_POLICY, "unrolls.yaml")
+    summaries = asyncio.run(asyncio.wait_for(run_graph(graph, str(tmp_path)), 110))
+    counts = summaries["learner.0"]
+    assert counts["unrolls"] >= 10 and counts["mixed"] == 0, counts
 
 
 @pytest.fixture
