@@ -20,19 +20,20 @@ apply (the batch is the actor's own env groups that wait), nor ``request_timeout
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from nodes import env_runner, unroller
 from nodes._algorithm_config import validate as validate_algorithm
-from nodes.messages import ActionBatch, Metrics, StateReply, StateRequest
-from pipeline.ports import Port, Ports, Service
+from nodes.messages import ActionBatch, Metrics
+from pipeline.ports import Port, Ports
 
 
 @dataclass(frozen=True)
 class Config(env_runner.Config, unroller.Config):
     """The env runner's keys (``num_envs``, ``env_groups``, ``max_steps``, ...) and the
-    unroller's (``algorithm``, ``unroll_length``, ...); ``seed`` seeds both."""
+    unroller's (``algorithm``, ``unroll_length``, ...). Replica ``r`` seeds its envs and its
+    policy's exploration with ``seed + 1000 r``: actors must not explore in step."""
 
 
 def validate(config: Config) -> None:
@@ -45,7 +46,7 @@ def PORTS(config: Config) -> Ports:  # noqa: N802 - the name the pipeline looks 
     policy = unroller.PORTS(config)
     return Ports(publishes={**policy.publishes, "metrics": Port(Metrics, required=False)},
                  subscribes=policy.subscribes,
-                 serves={"unroller_state": Service(StateRequest, StateReply, required=False)})
+                 serves={"unroller_state": policy.serves["unroller_state"]})
 
 
 class _Answer(NamedTuple):
@@ -106,7 +107,8 @@ class LocalPolicy:
 
 
 async def run(config: Config, node, ready) -> dict:
-    acting = unroller.Unroller(config, node)
+    acting = unroller.Unroller(replace(config, seed=config.seed + 1000 * node.info.replica),
+                               node)
     try:
         state_task = await unroller.start(acting, node)
     except unroller.Stopping:
