@@ -121,11 +121,14 @@ class Graph:
         return [partition_group(n.name, r) for n in consumers for r in range(n.replicas)]
 
     def stop_order(self) -> list[list[str]]:
-        """Waves of nodes to stop: producers and callers first, so nothing is left in flight."""
+        """Waves of nodes to stop: producers and callers first, so nothing is left in flight.
+
+        A node's ``stop_after`` overrides that: a checkpointer that calls a node it lists
+        stops after it (it then carries that node's state over into the final checkpoint)."""
         upstream: dict[str, set[str]] = {name: set() for name in self.nodes}
         for node in self.nodes.values():
             for other in self.nodes.values():
-                if other.name == node.name:
+                if other.name == node.name or other.name in node.stop_after:
                     continue
                 feeds = any(t in other.subscribes and self.topics[t].delivery == RELIABLE
                             for t in node.publishes)

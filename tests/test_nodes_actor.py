@@ -12,6 +12,7 @@ import signal
 
 import numpy as np
 import pytest
+import torch
 
 from pipeline import graph as graphlib
 from pipeline.graphyaml import GraphError
@@ -185,3 +186,46 @@ def test_kill_9_and_swap_of_the_actor_store_every_step_once(live):
     assert stored["unaccounted"] == 0, ledger
     assert ledger["produced"] == stored["stored"] + stored["lost_with_publisher"], ledger
     assert summary["nodes"]["replay_store.0"]["status"]["inserted"] == stored["stored"]
+
+
+@pytest.mark.timeout(600)
+def test_sigint_then_resume_keeps_every_step_and_the_actors_state(live, tmp_path):
+    """The actor stops first and flushes all it took into replay, so the final checkpoint holds
+    every step; its own state (env steps, exploration schedule) comes from the newest periodic
+    checkpoint, carried over into the final one, and the resumed actor counts on from it."""
+    budget = 20_000
+    first = live("nodes.evaluator.config.stop_at_return=null",
+                 f"nodes.learner.config.num_env_steps={budget}",
+                 "nodes.checkpointer.config.interval_s=2")
+    first.wait_ready()
+    first.wait_for_message("metrics", lambda m: m.env_steps >= 2000 and
+                           m.source.startswith("learner"))
+    # Looked at as each metrics message arrives: until a periodic checkpoint holds the actor.
+    first.wait_for_message("metrics", lambda _: _holds_actor_state(first.run_dir))
+    first.interrupt()
+    assert first.finish(300) == 0, first.stderr
+    assert 2000 <= first.summary()["nodes"]["learner.0"]["status"]["env_steps"] < budget
+    root = os.path.join(first.run_dir, "checkpoints")
+    newest = os.path.join(root, sorted(os.listdir(root))[-1])
+    carried = torch.load(os.path.join(newest, "unroller.pt"), weights_only=True)["env_steps"]
+    assert carried > 0
+
+    resumed = LiveRun(first.run_dir, None, resume=True)
+    try:
+        assert resumed.finish(500) == 0, resumed.stderr
+    finally:
+        resumed.kill()
+    assert "resuming from" in resumed.stderr
+    with open(os.path.join(first.run_dir, "logs", "actor.0.log")) as f:
+        assert f"(env_steps {carried})" in f.read()  # restored from the carried-over state
+    final = resumed.summary()
+    assert final["nodes"]["learner.0"]["status"]["env_steps"] >= budget
+    ledger = final["ledger"]["experience"]
+    assert ledger["publishers"] == ledger["publishers_closed"] == 2, ledger
+    assert ledger["produced"] == ledger["consumers"]["replay_store"]["stored"], ledger
+
+
+def _holds_actor_state(run_dir: str) -> bool:
+    root = os.path.join(run_dir, "checkpoints")
+    return os.path.isdir(root) and any(os.path.exists(os.path.join(root, c, "unroller.pt"))
+                                       for c in os.listdir(root))

@@ -423,6 +423,25 @@ nodes:
     assert graph.stop_order() == [["first"], ["second"]]
 
 
+def test_stop_after_overrides_the_order_a_call_implies():
+    """A caller stops before what it calls, unless it lists it in ``stop_after``: a
+    checkpointer that calls an actor's state service and waits for the actor to stop (not
+    a cycle broken in declaration order, which would stop the saver first here)."""
+    text = """\
+name: saver
+topics:
+  data: {delivery: reliable}
+nodes:
+  saver: {kind: "tests.crashing_node:run", calls: [state]%s}
+  producer: {kind: "tests.crashing_node:run", publishes: [data], serves: [state]}
+  store: {kind: "tests.crashing_node:run", subscribes: [data]}
+"""
+    assert graphlib.parse(text % "", "s.yaml").stop_order() == [["saver"], ["producer"],
+                                                                ["store"]]
+    after = graphlib.parse(text % ", stop_after: [producer]", "s.yaml")
+    assert after.stop_order() == [["producer"], ["saver", "store"]]
+
+
 def test_user_module_kind_is_accepted(user_modules, monkeypatch):
     monkeypatch.syspath_prepend(user_modules)
     graph = graphlib.parse(edit("kind: demo_sink", "kind: conduit_test_fine:run"), "user.yaml")
