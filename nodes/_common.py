@@ -6,6 +6,7 @@ Written once here so that every node builds the same algorithm from the same gra
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from typing import Any, Protocol
@@ -17,6 +18,7 @@ import torch
 import algorithms
 from algorithms.steps import TimeStep
 from nodes._algorithm_config import AlgorithmConfig, typed_algorithm
+from nodes.checkpointer import left_state_path
 from nodes.messages import StateReply
 
 log = logging.getLogger(__name__)
@@ -151,6 +153,32 @@ async def serve_state(bus, service: str, component: str, node: Stateful,
         if prepare is not None:
             await prepare(request.message.reason)
         await request.reply(StateReply(component, node.env_steps, node.state()))
+
+
+def leave_state(node_context, service: str, component: str, node: Stateful) -> None:
+    """Leave ``node``'s state for the run's final checkpoint, which the node will not be there
+    to answer: the learner at its budget finishes, and so ends the run, before the
+    checkpointer asks. The checkpointer takes the file as that service's answer (else the
+    final checkpoint would carry over the newest periodic state, or none). Written to a
+    temporary file, synced, then renamed: the checkpointer finds all of it or nothing."""
+    if not node_context.info.run_dir or not node_context.bus.publishes(service):
+        return
+    path = left_state_path(node_context.info.run_dir, service)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "wb") as f:
+        torch.save({"component": component, "env_steps": node.env_steps,
+                    "state": as_torch(node.state())}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+    log.info("%s: left its final state in %s", node_context.info.instance, path)
+
+
+def discard_left_state(node_context, service: str) -> None:
+    """A node that runs again is newer than what it left when it finished before."""
+    if node_context.info.run_dir:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(left_state_path(node_context.info.run_dir, service))
 
 
 def start_state_server(bus, service: str, component: str, node: Stateful,

@@ -140,6 +140,22 @@ def prune(root: str, keep: int) -> None:
         shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
+def left_state_path(run_dir: str, service: str) -> str:
+    """Where a node that finished on its own leaves what ``service`` would have answered
+    (``nodes._common.leave_state``); the final checkpoint takes it."""
+    return os.path.join(run_dir, "state", f"{service}.final.pt")
+
+
+def _left_state(run_dir: str, service: str) -> dict | None:
+    """What a node that finished left for ``service`` (``nodes._common.leave_state``)."""
+    path = left_state_path(run_dir, service)
+    if not os.path.exists(path):
+        return None
+    import torch
+
+    return torch.load(path, weights_only=True)
+
+
 def PORTS(config: Config) -> Ports:  # noqa: N802 - the name the pipeline looks for
     """It calls every state service in ``services`` (what the graph entry lists)."""
     return Ports(calls={name: Service(StateRequest, StateReply) for name in config.services})
@@ -168,10 +184,16 @@ async def run(config: Config, node, ready) -> dict:
         nonlocal sequence
         # In the configured order, one after the other: the unroller flushes its experience
         # into replay before it answers a final request, so replay must be asked after it.
-        replies, carried = [], []
+        replies, carried, left = [], [], {}
         for name, client in clients.items():
             if reason == FINAL_CHECKPOINT and not client.connections:
-                carried.append(name)  # it already finished (e.g. the learner at its budget)
+                # It already finished: the state it left (the learner at its budget), else
+                # its newest periodic one, carried over.
+                state = _left_state(node.info.run_dir, name)
+                if state is None:
+                    carried.append(name)
+                else:
+                    left[name] = state
                 continue
             if len(client.connections) > 1:  # replay shards: every one, each its own file
                 replies += await asyncio.gather(*(
@@ -180,7 +202,9 @@ async def run(config: Config, node, ready) -> dict:
                 continue
             replies.append(await client.request(StateRequest(reason), config.timeout_s))
         states = {r.message.component: r.message.state for r in replies}
-        env_steps = max((r.message.env_steps for r in replies), default=0)
+        states.update((s["component"], s["state"]) for s in left.values())
+        env_steps = max([r.message.env_steps for r in replies] +
+                        [s["env_steps"] for s in left.values()], default=0)
         sequence += 1
         # A restarted checkpointer carries over from the run's newest intact checkpoint.
         previous = written[-1] if written else latest_checkpoint(node.info.run_dir)
@@ -191,6 +215,8 @@ async def run(config: Config, node, ready) -> dict:
                                        previous)
         await asyncio.to_thread(prune, root, config.num_checkpoints)
         written.append(path)
+        for name in left:  # taken: never again in place of a node that runs
+            os.remove(left_state_path(node.info.run_dir, name))
         node.status.update(checkpoints=len(written), env_steps=env_steps)
         log.info("checkpoint %s (%s)", path, reason)
         return path

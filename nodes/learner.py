@@ -39,6 +39,8 @@ from nodes._common import (
     AlgorithmConfig,
     ProbeLog,
     as_torch,
+    discard_left_state,
+    leave_state,
     make_algorithm,
     restore_from_checkpoint,
     start_state_server,
@@ -306,6 +308,7 @@ async def run(config: Config, node, ready) -> dict:
     learner = Learner(config, node)
     if not await learner.take_over():
         restore_from_checkpoint(learner, "learner", node.info.resume)
+    discard_left_state(node, "learner_state")
     helper = start_state_server(bus, "learner_state", "learner", learner, learner.hand_over)
     await learner.publish_params()
     ready()
@@ -324,6 +327,8 @@ async def run(config: Config, node, ready) -> dict:
     finally:
         if helper is not None:
             helper.cancel()
+    if learner.env_steps >= config.num_env_steps:  # finished: the final checkpoint is next
+        leave_state(node, "learner_state", "learner", learner)
     return {"iteration": learner.iteration, "version": learner.version,
             "env_steps": learner.env_steps}
 

@@ -202,8 +202,9 @@ async def start(unroller: Unroller, node) -> asyncio.Task | None:
     async def flush_if_final(reason: str) -> None:
         if reason == FINAL_CHECKPOINT:
             # The last checkpoint must hold every step we produced: wait until the
-            # consumers acknowledged all of it before reporting our counters.
-            await unroller.output.flush(config.params_timeout_s)
+            # consumers acknowledged all of it before reporting our counters. Not for a
+            # consumer that already left (a learner at its budget): it never will.
+            await unroller.output.flush(config.params_timeout_s, present_only=True)
 
     return start_state_server(node.bus, "unroller_state", "unroller", unroller, flush_if_final)
 

@@ -128,7 +128,7 @@ class BroadcastPublisher(_XPubSide):
     def pending(self) -> int:
         return 0
 
-    async def flush(self, timeout: float | None = None) -> bool:
+    async def flush(self, timeout: float | None = None, present_only: bool = False) -> bool:
         return True
 
 

@@ -207,16 +207,21 @@ class Bus:
             if isinstance(sub, ReliableSubscriber):
                 sub.leave()
 
-    async def flush(self, timeout: float) -> bool:
+    async def flush(self, timeout: float, present_only: bool = False) -> bool:
         """Wait until every reliable message this instance published was acknowledged (the
-        result: whether they were) and every reply its servers sent was written out."""
+        result: whether they were) and every reply its servers sent was written out.
+        ``present_only``: by the consumer groups connected now (``ReliablePublisher.flush``)."""
         deadline = time.monotonic() + timeout
         ok = True
         for pub in self.publishers.values():
-            ok &= await pub.flush(max(0.0, deadline - time.monotonic()))
+            ok &= await pub.flush(max(0.0, deadline - time.monotonic()), present_only)
         for server in self.servers.values():  # replies are not the topics' ledger: not in ok
             await server.flush(max(0.0, deadline - time.monotonic()))
         return ok
+
+    def pending(self) -> int:
+        """Reliable messages some consumer group has not acknowledged."""
+        return sum(pub.pending() for pub in self.publishers.values())
 
     def stats(self) -> dict:
         out = {}

@@ -152,7 +152,7 @@ class ReliablePublisher:
         # Every send and receive on sock: credits are handled as the loop sees them.
         self._channel = Channel(self.sock, self._on_message)
         self._space = asyncio.Event()
-        self._drained = asyncio.Event()
+        self._progress = asyncio.Event()  # set at every acknowledgement or member change
         # Messages not yet acknowledged by every group, in order; everything up to
         # ``completed_through`` was. Subscribers of this node wait on it (see Bus.watermark).
         self._unfinished: collections.deque = collections.deque()
@@ -263,21 +263,29 @@ class ReliablePublisher:
     def _update_depth(self) -> None:
         self.stats.depth = max([len(backlog) for backlog, _ in self._backlogs], default=0)
 
-    def pending(self) -> int:
+    def pending(self, present_only: bool = False) -> int:
+        """Messages some group has not acknowledged; ``present_only``: only groups with a
+        consumer connected now."""
         self.release_held()
-        return sum(g.pending() for g in self.groups.values())
+        return sum(g.pending() for g in self.groups.values()
+                   if g.members or not present_only)
 
-    async def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every group has acknowledged everything; False on timeout."""
+    async def flush(self, timeout: float | None = None, present_only: bool = False) -> bool:
+        """Wait until every group has acknowledged everything; False on timeout.
+
+        ``present_only``: wait only for the groups that have a consumer connected, also as
+        consumers leave. The unroller's final flush: a learner that finished its budget has
+        left for good, and what it did not take would otherwise hold the final checkpoint
+        until the supervisor kills the checkpointer."""
         self.release_held()
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.pending():
-            self._drained.clear()
+        while self.pending(present_only):
+            self._progress.clear()
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return False
             try:
-                await asyncio.wait_for(self._drained.wait(), remaining)
+                await asyncio.wait_for(self._progress.wait(), remaining)
             except TimeoutError:
                 return False
         return True
@@ -475,8 +483,7 @@ class ReliablePublisher:
     def _notify_progress(self) -> None:
         if not self._full():
             self._space.set()
-        if not self.pending():
-            self._drained.set()
+        self._progress.set()
 
     def close(self) -> None:
         self.release_held()

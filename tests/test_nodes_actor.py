@@ -229,3 +229,40 @@ def _holds_actor_state(run_dir: str) -> bool:
     root = os.path.join(run_dir, "checkpoints")
     return os.path.isdir(root) and any(os.path.exists(os.path.join(root, c, "unroller.pt"))
                                        for c in os.listdir(root))
+
+
+@pytest.mark.timeout(300)
+def test_an_actor_acts_as_a_runner_and_an_unroller_do(tmp_path):
+    """PPO with one unroll per parameter version is deterministic: the same seeds give the
+    same unrolls. The PPO CartPole graph and the same graph with an actor in place of its
+    runner and unroller end with the same network, bit for bit."""
+    with open(os.path.join(ROOT, "graphs", "ppo_cartpole.yaml")) as f:
+        text = f.read()
+    start, end = text.index("  env_runner:"), text.index("  learner:")
+    actor = text[:start] + """  actor:
+    kind: actor
+    config: {env_id: CartPole-v1, num_envs: 8, seed: 0, algorithm: *algorithm,
+             unroll_length: 32, max_unrolls_per_version: 1}
+    subscribes: [params]
+    publishes: [trajectories, metrics]
+    serves: [unroller_state]
+""" + text[end:].replace("stop_after: [env_runner]", "stop_after: [actor]")
+    actor_graph = tmp_path / "ppo_actor.yaml"
+    actor_graph.write_text(actor)
+    networks = []
+    for graph in (os.path.join(ROOT, "graphs", "ppo_cartpole.yaml"), str(actor_graph)):
+        run = LiveRun(str(tmp_path / f"run{len(networks)}"), graph,
+                      "nodes.evaluator.config.stop_at_return=null",
+                      "nodes.learner.config.num_env_steps=5120")  # 20 unrolls of 8 x 32
+        try:
+            assert run.finish(200) == 0, run.stderr
+        finally:
+            run.kill()
+        root = os.path.join(run.run_dir, "checkpoints")
+        state = torch.load(os.path.join(root, sorted(os.listdir(root))[-1], "learner.pt"),
+                           weights_only=True)["algorithm"]["module"]
+        networks.append(state)
+    ours, theirs = networks
+    assert int(ours["train_steps"]) > 0 and ours.keys() == theirs.keys()
+    for name, tensor in ours.items():
+        assert torch.equal(tensor, theirs[name]), name

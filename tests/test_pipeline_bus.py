@@ -634,3 +634,26 @@ async def _bad_batch_item(tmp_path) -> None:
 @pytest.mark.timeout(60)
 def test_a_batch_with_a_bad_item_is_refused_whole(tmp_path):
     asyncio.run(asyncio.wait_for(_bad_batch_item(tmp_path), 30))
+
+
+async def _flush_present_only(tmp_path) -> None:
+    async with _publisher_and_member(tmp_path) as (ctx, pub, raw):
+        raw.connect(pub.endpoint)
+        await raw.send_multipart(codec.encode(Join("numbers", "sink", "sink.0~0", 5, 1 << 30)))
+        for i in range(1, 4):
+            await pub.send(Record(i, None))
+        await asyncio.wait_for(raw.recv_multipart(), 5)  # delivered, never acknowledged
+        assert not await pub.flush(0.2) and not await pub.flush(0.2, present_only=True)
+        # Its member gone (the supervisor saw it exit): nobody of that group will take them,
+        # and a present-only flush returns at once; a full one still waits for the group.
+        waiting = asyncio.ensure_future(pub.flush(30, present_only=True))
+        done, _ = await asyncio.wait([waiting], timeout=0.2)
+        assert not done  # the member is there, with the messages unacknowledged
+        pub.drop_instances({"sink.0~0"})
+        assert await asyncio.wait_for(waiting, 5)
+        assert pub.pending() == 3 and not await pub.flush(0.2)
+
+
+@pytest.mark.timeout(60)
+def test_a_present_only_flush_does_not_wait_for_a_group_whose_consumers_left(tmp_path):
+    asyncio.run(asyncio.wait_for(_flush_present_only(tmp_path), 30))
