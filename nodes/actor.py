@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 from nodes import env_runner, unroller
 from nodes._algorithm_config import validate as validate_algorithm
+from nodes._common import discard_left_state, leave_state
 from nodes.messages import ActionBatch, Metrics
 from pipeline.ports import Port, Ports
 
@@ -113,9 +114,15 @@ async def run(config: Config, node, ready) -> dict:
         state_task = await unroller.start(acting, node)
     except unroller.Stopping:
         return {"steps": 0, "env_steps": acting.env_steps, "version": acting.version}
+    discard_left_state(node, "unroller_state")
     try:
         summary = await env_runner.step_envs(config, node, LocalPolicy(acting, node), ready)
     finally:
         if state_task is not None:
             state_task.cancel()
+    if not node.replaced:
+        # The final checkpoint is taken once actors stopped (the graph's stop_after), so it
+        # cannot ask: it takes this instead. The steps it counts go into replay as this
+        # process exits (the node's last flush), before the checkpointer asks replay.
+        leave_state(node, "unroller_state", "unroller", acting)
     return {**summary, "env_steps": acting.env_steps, "version": acting.version}
