@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # keep loopback addresses
 
-from bench.pipeline_throughput import GRAPH  # noqa: E402
+from bench.pipeline_throughput import GRAPH, RUNNERS  # noqa: E402
 from pipeline.cli import control  # noqa: E402
 
 WAYS = {"local-ipc": [], "local-tcp+curve": ["run.transport=tcp"],
@@ -37,7 +37,8 @@ def rate(overrides: list, runners: int, envs: int, seconds: float, warmup: float
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "graph.yaml")
         with open(path, "w") as f:
-            f.write(GRAPH.format(runners=runners, envs=envs, total=runners * envs))
+            part = RUNNERS.format(runners=runners, envs=envs, groups=1)
+            f.write(GRAPH.format(runners_part=part, total=runners * envs))
         run_dir = os.path.join(tmp, "run")
         args = [sys.executable, os.path.join(ROOT, "run.py"), "run", path, "--run-dir",
                 run_dir, "--quiet"]

@@ -43,11 +43,8 @@ sys.path.insert(0, ROOT)
 
 from pipeline.cli import control  # noqa: E402
 
-GRAPH = """
-name: pipeline_throughput
-topics:
-  experience: {{delivery: reliable, hwm: 256}}
-nodes:
+# The runners' part of the graph (env runners and their unroller, or actors), then the rest.
+RUNNERS = """
   env_runner:
     kind: env_runner
     replicas: {runners}
@@ -57,29 +54,23 @@ nodes:
     kind: unroller
     config: {{env_id: CartPole-v1, algorithm: {{name: random}}}}
     serves: [policy]
-    publishes: [experience]
-  replay_store:
-    kind: replay_store
-    config: {{num_environments: {total}, max_length: 20000}}
-    subscribes: [experience]
-    serves: [sample]
-run:
-  duration_s: 600
-"""
+    publishes: [experience]"""
 
 # ``--actor``: the same envs stepped by actors, each with its own copy of the (random) policy:
 # no ``policy`` round trip, the actor publishes its experience itself (nodes/actor.py).
-ACTOR_GRAPH = """
-name: pipeline_throughput_actor
-topics:
-  experience: {{delivery: reliable, hwm: 256}}
-nodes:
+ACTORS = """
   env_runner:
     kind: actor
     replicas: {runners}
     config: {{env_id: CartPole-v1, num_envs: {envs}, env_groups: {groups},
               algorithm: {{name: random}}}}
-    publishes: [experience]
+    publishes: [experience]"""
+
+GRAPH = """
+name: pipeline_throughput
+topics:
+  experience: {{delivery: reliable, hwm: 256}}
+nodes:{runners_part}
   replay_store:
     kind: replay_store
     config: {{num_environments: {total}, max_length: 20000}}
@@ -126,8 +117,9 @@ def graph_rate(runners: int, envs: int, seconds: float, warmup: float,
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "graph.yaml")
         with open(path, "w") as f:
-            f.write((ACTOR_GRAPH if actor else GRAPH).format(
-                runners=runners, envs=envs, total=runners * envs, groups=groups))
+            part = (ACTORS if actor else RUNNERS).format(runners=runners, envs=envs,
+                                                          groups=groups)
+            f.write(GRAPH.format(runners_part=part, total=runners * envs))
         run_dir = os.path.join(tmp, "run")
         proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "run.py"), "run", path,
                                  "--run-dir", run_dir, "--quiet"], cwd=ROOT,
