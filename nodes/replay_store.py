@@ -323,7 +323,7 @@ class ReplayStore:
             await request.reply(batch)
 
     def metrics(self) -> dict:
-        """This period's ``replay/...`` figures: sizes, controls, and the last sample's."""
+        """This period's ``replay/...`` figures: sizes, controls, and the period's samples'."""
         values = {"replay/size": int(self.buffer.total_size) if self.buffer is not None else 0,
                   "replay/inserted": self.limiter.inserted,
                   "replay/sampled": self.limiter.sampled,
@@ -333,7 +333,7 @@ class ReplayStore:
         values["replay/sampleable"] = self.buffer.num_sampleable
         stats = self.controls.get("sample_statistics")
         if stats is not None:
-            values.update({f"replay/{k}": v for k, v in stats.last.items()})
+            values.update({f"replay/{k}": v for k, v in stats.take_period().items()})
         monitor = self.controls.get("throughput")
         report = monitor.poll() if monitor is not None else None
         if report is not None:

@@ -113,10 +113,15 @@ class SampleStatistics(BufferControl):
     draw), the largest use count a drawn slot had before this draw (``use_before_max``:
     below ``max_use`` when ``MaxUse`` works; a slot may be drawn more than once in one
     draw when few are valid) and, when a learner iteration was given, the mean/max
-    staleness.
+    staleness. :meth:`take_period` gives the same over every draw since its last call: what
+    a periodic report should say (one draw of 32 can miss what the thousands between two
+    reports saw).
     """
 
     last: dict = field(default_factory=dict)
+    # Since the last take_period: key -> (sum of the draws' means weighted by items, items)
+    # for means, the largest value for maxima.
+    _period: dict = field(default_factory=dict)
 
     def on_sample(self, buffer, slots, learner_iter) -> None:
         uses = buffer.slot_info.use_count[slots].to(torch.float64)
@@ -131,6 +136,20 @@ class SampleStatistics(BufferControl):
             stale = (learner_iter - buffer.slot_info.version[slots]).to(torch.float64)
             stats.update(staleness_mean=float(stale.mean()), staleness_max=float(stale.max()))
         self.last = stats
+        n = len(slots)
+        for key, value in stats.items():
+            if key.endswith("_mean"):
+                total, items = self._period.get(key, (0.0, 0))
+                self._period[key] = (total + value * n, items + n)
+            else:
+                self._period[key] = max(self._period.get(key, value), value)
+
+    def take_period(self) -> dict:
+        """The draws since the last call (means weighted by items drawn, maxima over all of
+        them), and a new period starts; empty if nothing was drawn."""
+        period, self._period = self._period, {}
+        return {key: value[0] / value[1] if key.endswith("_mean") else value
+                for key, value in period.items()}
 
 
 class ThroughputMonitor(BufferControl):

@@ -442,6 +442,26 @@ def test_max_staleness_and_statistics():
     assert stats.last["use_mean"] >= 1
 
 
+def test_sample_statistics_of_a_period_cover_every_draw_since_the_last():
+    """A report covers the period, not its last draw: one fresh draw after a stale one must
+    not hide the stale one."""
+    stats = SampleStatistics()
+    rb = ReplayBuffer(SPEC, 2, 50, controls=(stats,), seed=0)
+    for version in range(10):
+        fill(rb, 3, version=version)
+    lasts = []
+    for learner_iter in (20, 10, 10):  # the first draw sees everything 10 or more stale
+        rb.get_batch(16, 1, learner_iter=learner_iter)
+        lasts.append(dict(stats.last))
+    period = stats.take_period()
+    assert period["staleness_max"] == max(last["staleness_max"] for last in lasts) >= 11
+    assert period["staleness_max"] > stats.last["staleness_max"]
+    mean = sum(last["staleness_mean"] for last in lasts) / 3  # equal draws: equal weights
+    assert period["staleness_mean"] == pytest.approx(mean)
+    assert period["use_max"] == max(last["use_max"] for last in lasts)
+    assert stats.take_period() == {}  # a new period, nothing drawn yet
+
+
 def test_throughput_monitor_periods():
     now = [0.0]
     monitor = ThroughputMonitor(period_s=10, clock=lambda: now[0])
