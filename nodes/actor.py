@@ -95,7 +95,9 @@ class LocalPolicy:
         # unroll counts are its own, and two acts waiting for parameters would share one
         # subscription (one of them would never see the new version).
         async with self.one_at_a_time:
-            if not answer.done():  # else acted on in the batch of a group that went first
+            # Done: acted on in the batch of a group that went first. Nothing waiting: that
+            # batch was given up as the run stops.
+            if not answer.done() and self.waiting:
                 batch, self.waiting = self.waiting, []
                 try:
                     await self.acting.act(batch)
