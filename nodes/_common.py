@@ -164,14 +164,20 @@ def leave_state(node_context, service: str, component: str, node: Stateful) -> N
     if not node_context.info.run_dir or not node_context.bus.publishes(service):
         return
     path = left_state_path(node_context.info.run_dir, service)
+    save_atomically(path, {"component": component, "env_steps": node.env_steps,
+                           "state": as_torch(node.state())})
+    log.info("%s: left its final state in %s", node_context.info.instance, path)
+
+
+def save_atomically(path: str, obj) -> None:
+    """``torch.save`` to a temporary file, synced, then renamed over ``path``: whoever reads
+    ``path`` finds all of it or nothing, whenever this process dies."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".tmp", "wb") as f:
-        torch.save({"component": component, "env_steps": node.env_steps,
-                    "state": as_torch(node.state())}, f)
+        torch.save(obj, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
-    log.info("%s: left its final state in %s", node_context.info.instance, path)
 
 
 def discard_left_state(node_context, service: str) -> None:

@@ -16,6 +16,8 @@ import os
 
 import torch
 
+from nodes._common import save_atomically
+
 log = logging.getLogger(__name__)
 
 
@@ -50,12 +52,7 @@ def leave_handover(store, node) -> None:
     """An in-memory store stopped for a replacement writes its whole state for it: written
     to a temporary file, synced, then renamed, so the replacement finds all of it or none."""
     path = _handover_path(node)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "wb") as f:
-        torch.save(store.state(), f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
+    save_atomically(path, store.state())
     log.info("left %d steps for the replacement in %s", store.limiter.inserted, path)
 
 
