@@ -119,19 +119,6 @@ def replay_shards_are_partitioned(graph) -> None:
 
 
 @register_graph_check
-def experience_is_not_coalesced(graph) -> None:
-    """A replay store stores each experience message once by its sender's sequence number
-    (exactly once through restarts), and the messages of a coalesced batch share one: all but
-    the first would be taken for redeliveries and dropped. Refused until the store ingests a
-    batch whole."""
-    for store in _nodes_of(graph, "replay_store"):
-        if "experience" in graph.nodes[store].subscribes and graph.topics["experience"].coalesce:
-            raise ConfigError("topics.experience.coalesce",
-                              f"must be false: replay_store {store!r} stores each message once "
-                              f"by sequence number, and a coalesced batch's messages share one")
-
-
-@register_graph_check
 def checkpoints_hold_one_state_per_service(graph) -> None:
     """A checkpoint holds one state per component: a service served by several replicas would
     be saved from whichever answered and restored into all of them. Replay shards are the

@@ -21,21 +21,25 @@ from nodes._common import save_atomically
 log = logging.getLogger(__name__)
 
 
-def applied_in_files(ledger, inserted: int) -> dict[str, int]:
-    """The newest message per sender that memory-mapped files holding ``inserted`` steps hold.
-    The ledger is written just before each insert, so only its newest record can be missing
-    from the files (killed between the two): then they hold one message less than it says."""
+def applied_in_files(ledger, inserted: int) -> tuple[dict[str, int], tuple | None]:
+    """``(applied, part)``: the newest message per sender that memory-mapped files holding
+    ``inserted`` steps hold, and ``(sender, seq, steps)`` of a message they hold only the first
+    ``steps`` of (else None). The ledger is written just before each message's inserts, so
+    only its newest record can be missing from the files, whole (killed between the two) or
+    in part (a coalesced batch of several inserts, killed between them): its redelivery is
+    stored, less what the files hold, and not recorded again."""
     if ledger is None:
-        return {}
+        return {}, None
     applied = dict(ledger.last_seq)
     short = ledger.items - inserted
     last = ledger.last_record
-    if short and last is not None and short == last[2]:
-        applied[last[0]] = last[1] - 1  # its redelivery is stored, not recorded again
-    elif short:
+    if short and last is not None and 0 < short <= last[2]:
+        applied[last[0]] = last[1] - 1
+        return applied, (last[0], last[1], last[2] - short) if short < last[2] else None
+    if short:
         log.warning("replay files hold %d steps, the ledger %d: a redelivery may be stored "
                     "twice", inserted, ledger.items)
-    return applied
+    return applied, None
 
 
 def lost_at_restart(ledger, inserted: int) -> int:

@@ -98,6 +98,7 @@ class ReplayStore:
         # Exactly once through restarts: the newest message of each sender that the buffer
         # holds (checkpointed with it), and the run's ledger of what was stored (set by run()).
         self.applied: dict[str, int] = {}
+        self.part_in_files: tuple | None = None  # (sender, seq, steps): see applied_in_files
         self.ledger = None
         self.redelivered = 0
 
@@ -173,20 +174,29 @@ class ReplayStore:
                           for k, s in spec.items()})
         self.limiter.inserted = int(self.buffer.writer.current_pos.sum())
         self.limiter.sampled = int(self.limiter.inserted * (self.limiter.spi or 0))
-        self.applied = applied_in_files(self.ledger, self.limiter.inserted)
+        self.applied, self.part_in_files = applied_in_files(self.ledger, self.limiter.inserted)
         if "beta" in self.controls:  # the schedule's count is not in the files: estimate it
             self.controls["beta"].sampled = self.limiter.sampled
         return True
 
-    def ingest(self, sender: str, seq: int, msg: ExperienceBatch) -> None:
-        """Store a message once. One redelivered after our restart (we stored it and died
-        before acknowledging it) is stored again only if the buffer lost it (restored from an
-        older checkpoint, or killed between the ledger's record and the insert), and is
-        recorded in the ledger only the first time, just before its insert."""
+    def ingest(self, sender: str, seq: int, msgs: list[ExperienceBatch]) -> None:
+        """Store a message once: ``msgs`` is one message as it went on the wire (one, or the
+        items of a coalesced batch, which share its sequence number), stored together. One
+        redelivered after our restart (we stored it and died before acknowledging it) is
+        stored again only if the buffer lost it (restored from an older checkpoint, or
+        killed between the ledger's record and the insert), and is recorded in the ledger
+        only the first time, just before its insert."""
         if self.ledger is not None and not self.ledger.recorded(sender, seq):
-            self.ledger.record(sender, seq, len(msg.env_ids))
+            self.ledger.record(sender, seq, sum(len(msg.env_ids) for msg in msgs))
         if seq > self.applied.get(sender, 0):
-            self.insert(msg)
+            skip = 0  # steps of this message the files already hold (see applied_in_files)
+            if self.part_in_files is not None and self.part_in_files[:2] == (sender, seq):
+                skip, self.part_in_files = self.part_in_files[2], None
+            for msg in msgs:
+                if skip > 0:
+                    skip -= len(msg.env_ids)
+                    continue
+                self.insert(msg)
             self.applied[sender] = seq
         else:
             self.redelivered += 1
@@ -436,10 +446,13 @@ async def run(config: Config, node, ready) -> dict:
                        or node.stopping.is_set()):
                 store.limiter.changed.clear()
                 await store.limiter.changed.wait()
-            envelope = await experience.recv()
-            if envelope is None:
+            # One wire message whole: a coalesced batch is stored together (the rate limiter
+            # may be passed by the rest of it, at most COALESCE_MAX messages).
+            envelopes = await experience.recv_message()
+            if not envelopes:
                 return
-            store.ingest(envelope.sender, envelope.seq, envelope.message)
+            first = envelopes[0]
+            store.ingest(first.sender, first.seq, [e.message for e in envelopes])
             node.status["inserted"] = store.limiter.inserted
             if store.redelivered:
                 node.status["redelivered"] = store.redelivered

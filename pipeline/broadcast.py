@@ -220,6 +220,11 @@ class BroadcastSubscriber:
                 self._wakeup = None
         return self._queue.popleft()
 
+    async def recv_message(self) -> list[codec.Envelope]:
+        """:meth:`recv` as a list of one: the reliable subscriber's call of the same name (only
+        reliable topics batch messages), so a consumer reads either kind of topic."""
+        return [await self.recv()]
+
     def poll_newest(self) -> codec.Envelope | None:
         """The newest message waiting, without blocking (None if nothing new)."""
         self._ensure_channel().drain()

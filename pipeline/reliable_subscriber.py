@@ -345,6 +345,30 @@ class ReliableSubscriber:
         stats.depth = len(queue)
         return out
 
+    async def recv_message(self) -> list[codec.Envelope]:
+        """The next message as it went on the wire, whole: a list of one, or the items of a
+        :class:`~pipeline.messages.Batch` (coalesced, or published with ``send_many``), which
+        share its sender and sequence number. Asking again (by any call) acknowledges it.
+        ``[]`` once left and drained.
+
+        Why: a consumer that stores each message exactly once by its sequence number (the
+        replay store) must store a batch's items together under that one number."""
+        self._ack_handed_out()
+        queue = self._queue
+        if not queue and not await self._arrived():
+            return []
+        out, pop = [], queue.popleft
+        while True:  # a wire message's items are queued together, its connection on the last
+            conn, envelope, nbytes = pop()
+            out.append(envelope)
+            if conn is not None:
+                self._handed.append((conn, nbytes))
+                break
+        stats = self.stats
+        stats.received += len(out)
+        stats.depth = len(queue)
+        return out
+
     def _ack_handed_out(self) -> None:
         """Asking again acknowledges what the last call handed out: ``recv``'s message, or
         each wire message of what ``recv_many`` returned."""

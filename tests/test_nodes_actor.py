@@ -27,7 +27,7 @@ ACTOR_GRAPH = os.path.join(ROOT, "graphs", "dqn_cartpole_actor.yaml")
 STEPS = """
 name: actor_steps
 topics:
-  experience: {{delivery: reliable, hwm: 16}}
+  experience: {{delivery: reliable, hwm: 16, coalesce: {coalesce}}}
 nodes:
   actor:
     kind: actor
@@ -45,29 +45,37 @@ run:
 """
 
 
+def _steps(steps: int, algorithm: str, environments: int = 4, coalesce: bool = False) -> str:
+    return STEPS.format(steps=steps, algorithm=algorithm, environments=environments,
+                        coalesce=str(coalesce).lower())
+
+
 @pytest.mark.timeout(120)
-def test_every_step_an_actor_takes_is_stored_once(tmp_path):
-    """Two env groups: each group's step is acted on when the other waits, in one batch."""
-    graph = graphlib.parse(STEPS.format(steps=400, algorithm="random", environments=4),
-                           "actor.yaml")
+@pytest.mark.parametrize("coalesce", [False, True])
+def test_every_step_an_actor_takes_is_stored_once(tmp_path, coalesce):
+    """Two env groups: each group's step is acted on when the other waits, in one batch.
+    Coalesced, the steps of one turn of the actor's loop travel as one batch under one
+    sequence number, and the replay store stores the batch whole."""
+    graph = graphlib.parse(_steps(400, "random", coalesce=coalesce), "actor.yaml")
     summaries = asyncio.run(asyncio.wait_for(run_graph(graph, str(tmp_path)), 110))
     steps = summaries["actor.0"]["steps"]
     assert 400 <= steps <= 402  # each group checks the budget after its own step of 2 envs
     assert summaries["actor.0"]["env_steps"] == steps  # its policy acted on each step once
     assert summaries["replay_store.0"]["inserted"] == steps
+    assert "redelivered" not in summaries["replay_store.0"]
 
 
 def test_an_actor_graph_is_checked_like_runner_and_unroller():
     """Its envs must fit the replay store; its algorithm is checked at load; it has no
     ``policy`` to call."""
     with pytest.raises(GraphError, match="num_environments.*'actor'.*step 4 environments"):
-        graphlib.parse(STEPS.format(steps=4, algorithm="random", environments=2), "a.yaml")
+        graphlib.parse(_steps(4, "random", environments=2), "a.yaml")
     with pytest.raises(GraphError, match="algorithm.name"):
-        graphlib.parse(STEPS.format(steps=4, algorithm="dqm", environments=4), "a.yaml")
-    calls = STEPS.replace("publishes: [experience]\n", "publishes: [experience]\n"
-                          "    calls: [policy]\n", 1)
+        graphlib.parse(_steps(4, "dqm"), "a.yaml")
+    calls = _steps(4, "random").replace("publishes: [experience]\n", "publishes: [experience]\n"
+                                        "    calls: [policy]\n", 1)
     with pytest.raises(GraphError, match="policy"):
-        graphlib.parse(calls.format(steps=4, algorithm="random", environments=4), "a.yaml")
+        graphlib.parse(calls, "a.yaml")
 
 
 async def unroll_checker(config, node, ready):
@@ -263,3 +271,29 @@ def test_an_actor_acts_as_a_runner_and_an_unroller_do(tmp_path):
     assert int(ours["train_steps"]) > 0 and ours.keys() == theirs.keys()
     for name, tensor in ours.items():
         assert torch.equal(tensor, theirs[name]), name
+
+
+def test_the_event_loop_turns_although_acting_never_suspends(monkeypatch):
+    """Acting and publishing complete without suspending while replay keeps up: the actor
+    still lets its loop run the node's other tasks (heartbeats, stop requests, a coalescing
+    publisher's release) at least every ``_LOOP_TURN_S``."""
+    from types import SimpleNamespace
+
+    from nodes import actor
+
+    class Acting:  # answers every waiting step at once, as a policy with no params to await
+        async def act(self, batch):
+            for request in batch:
+                await request.reply("actions")
+
+    monkeypatch.setattr(actor, "_LOOP_TURN_S", 0.0)
+
+    async def main():
+        policy = actor.LocalPolicy(Acting(), SimpleNamespace(stopping=asyncio.Event()))
+        ran = []
+        asyncio.get_running_loop().call_soon(ran.append, "other task")
+        for _ in range(3):
+            assert (await policy.wait(policy.send("time step", 1.0))).message == "actions"
+        return list(ran)  # a copy: the loop runs what is left as asyncio.run ends
+
+    assert asyncio.run(main()) == ["other task"]

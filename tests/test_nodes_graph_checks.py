@@ -97,16 +97,6 @@ def test_environments_must_agree_and_resolve(override, expected):
     assert expected in error(DQN, override)
 
 
-def test_coalesced_experience_is_refused(tmp_path):
-    """The replay store would keep the first message of each coalesced batch and take the
-    rest, which share its sequence number, for redeliveries."""
-    path = edited(tmp_path, DQN, "experience: {delivery: reliable, hwm: 256}",
-                  "experience: {delivery: reliable, hwm: 256, coalesce: true}")
-    message = error(path)
-    assert f":{line_of(path, 'coalesce: true')}: topics.experience.coalesce: must be false" \
-        in message and "'replay_store'" in message
-
-
 def test_run_py_check_prints_one_line_and_exits_2(tmp_path):
     path = edited(tmp_path, DQN, "  gamma: 0.99", "  gamam: 0.99")
     result = subprocess.run([sys.executable, "run.py", "check", path], cwd=REPO,

@@ -202,11 +202,11 @@ def test_a_memory_mapped_store_restarted_stores_a_redelivery_only_if_its_files_l
     recorded again; one killed after the insert skips the redelivery."""
     store = _mmap_store(tmp_path)
     for seq in (1, 2):
-        store.ingest("u~1", seq, _message(seq))
+        store.ingest("u~1", seq, [_message(seq)])
     if killed_before_insert:
         store.ledger.record("u~1", 3, 2)  # the insert of message 3 never happened
     else:
-        store.ingest("u~1", 3, _message(3))
+        store.ingest("u~1", 3, [_message(3)])
     store.buffer.close()
     store.ledger.close()
 
@@ -214,6 +214,32 @@ def test_a_memory_mapped_store_restarted_stores_a_redelivery_only_if_its_files_l
     assert again.reattach()
     assert again.applied == {"u~1": 2 if killed_before_insert else 3}
     for seq in (3, 4):  # 3 is redelivered: never acknowledged
-        again.ingest("u~1", seq, _message(seq))
+        again.ingest("u~1", seq, [_message(seq)])
     assert again.limiter.inserted == again.ledger.items == 8  # four messages of two steps, once
     assert again.redelivered == (0 if killed_before_insert else 1)
+
+
+@pytest.mark.parametrize("stored_of_batch", [0, 1, 2, 3])
+def test_a_coalesced_batch_is_stored_whole_and_once_through_a_restart_inside_it(
+        tmp_path, stored_of_batch):
+    """A coalesced batch (three messages under one sequence number) is one ledger record and
+    three inserts. A store killed after ``stored_of_batch`` of them comes back with its files,
+    and the batch's redelivery stores exactly the messages they lack."""
+    store = _mmap_store(tmp_path)
+    store.ingest("u~1", 1, [_message(1)])
+    batch = [_message(2), _message(3), _message(4)]
+    store.ledger.record("u~1", 2, 6)  # what ingest writes first, then the inserts, killed
+    for msg in batch[:stored_of_batch]:
+        store.insert(msg)
+    store.buffer.close()
+    store.ledger.close()
+
+    again = _mmap_store(tmp_path)
+    assert again.reattach()
+    assert again.limiter.inserted == 2 + 2 * stored_of_batch
+    again.ingest("u~1", 2, batch)  # redelivered: never acknowledged
+    again.ingest("u~1", 3, [_message(5)])
+    assert again.limiter.inserted == again.ledger.items == 10  # five messages of two steps
+    assert again.redelivered == (1 if stored_of_batch == 3 else 0)
+    frames = again.buffer.get_field("observation", [0] * 5, list(range(5)))  # env 0, in order
+    assert [int(f.flatten()[0]) for f in frames] == [2, 4, 6, 8, 10]
