@@ -38,7 +38,7 @@ def rate(overrides: list, runners: int, envs: int, seconds: float, warmup: float
         path = os.path.join(tmp, "graph.yaml")
         with open(path, "w") as f:
             part = RUNNERS.format(runners=runners, envs=envs, groups=1)
-            f.write(GRAPH.format(runners_part=part, total=runners * envs))
+            f.write(GRAPH.format(runners_part=part, total=runners * envs, coalesce="false"))
         run_dir = os.path.join(tmp, "run")
         args = [sys.executable, os.path.join(ROOT, "run.py"), "run", path, "--run-dir",
                 run_dir, "--quiet"]

@@ -69,7 +69,7 @@ ACTORS = """
 GRAPH = """
 name: pipeline_throughput
 topics:
-  experience: {{delivery: reliable, hwm: 256}}
+  experience: {{delivery: reliable, hwm: 256, coalesce: {coalesce}}}
 nodes:{runners_part}
   replay_store:
     kind: replay_store
@@ -113,13 +113,14 @@ def pin_nodes(run_dir: str, supervisor_pid: int, placement: dict[str, int]) -> N
 
 def graph_rate(runners: int, envs: int, seconds: float, warmup: float,
                groups: int = 1, placement: dict[str, int] | None = None,
-               actor: bool = False) -> tuple:
+               actor: bool = False, coalesce: bool = False) -> tuple:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "graph.yaml")
         with open(path, "w") as f:
             part = (ACTORS if actor else RUNNERS).format(runners=runners, envs=envs,
                                                           groups=groups)
-            f.write(GRAPH.format(runners_part=part, total=runners * envs))
+            f.write(GRAPH.format(runners_part=part, total=runners * envs,
+                                 coalesce=str(coalesce).lower()))
         run_dir = os.path.join(tmp, "run")
         proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "run.py"), "run", path,
                                  "--run-dir", run_dir, "--quiet"], cwd=ROOT,
@@ -170,6 +171,9 @@ def main() -> None:
     parser.add_argument("--actor", action="store_true",
                         help="actors (env runners with the policy in their own process) "
                              "instead of env runners and an unroller")
+    parser.add_argument("--coalesce", action="store_true",
+                        help="coalesce: true on the experience topic (the steps of one turn "
+                             "of a runner's loop go as one batch)")
     parser.add_argument("--pin", default="",
                         help="NAME:CPU,...: pin every thread of these processes (env_runner.0 "
                              "is env_runner, also unroller, replay_store, supervisor) to a CPU")
@@ -183,7 +187,7 @@ def main() -> None:
         total = n * args.envs_per_runner
         ours, (stepping, waiting), env_step_us = graph_rate(
             n, args.envs_per_runner, args.seconds, args.warmup, args.env_groups, placement,
-            args.actor)
+            args.actor, args.coalesce)
         limit = single_process_rate(total, args.seconds)
         wait_share = waiting / max(stepping + waiting, 1e-9)
         alone_us = 1e6 / limit  # the one process does nothing but step
@@ -195,7 +199,8 @@ def main() -> None:
               f"{wait_share:>12.2f}{env_step_us:>26.2f} / {alone_us:.2f}", flush=True)
     print(json.dumps({"bench": "pipeline_throughput", "env": "CartPole-v1",
                       "envs_per_runner": args.envs_per_runner,
-                      "env_groups": args.env_groups, "actor": args.actor, "cpus": os.cpu_count(),
+                      "env_groups": args.env_groups, "actor": args.actor,
+                      "coalesce": args.coalesce, "cpus": os.cpu_count(),
                       "results": results}))
 
 
