@@ -55,6 +55,7 @@ from algorithms.data import AlgStep  # noqa: E402
 from algorithms.evaluation import evaluate  # noqa: E402
 from algorithms.presets import Preset, get_preset, make_algorithm  # noqa: E402
 from algorithms.sync_trainer import TrainerConfig, train  # noqa: E402
+from nodes._checks import RUNNER_KINDS  # noqa: E402
 
 # graphs/dqn_minatar.yaml's hyperparameters (``check_graph`` keeps the two the same).
 MINATAR_PRESETS: dict[str, Preset] = {
@@ -90,7 +91,7 @@ def check_graph(graph: str, p: Preset) -> None:
     if alg != want:
         raise SystemExit(f"{graph}: algorithm {alg} differs from the bench preset {want}")
     t = p.trainer
-    runner = next(n["config"] for n in nodes.values() if n["kind"] in ("env_runner", "actor"))
+    runner = next(n["config"] for n in nodes.values() if n["kind"] in RUNNER_KINDS)
     store = nodes["replay_store"]["config"]
     learner = nodes["learner"]["config"]
     got = (runner["num_envs"], store["max_length"], store["min_size_to_sample"],

@@ -159,8 +159,8 @@ def leave_state(node_context, service: str, component: str, node: Stateful) -> N
     """Leave ``node``'s state for the run's final checkpoint, which the node will not be there
     to answer: the learner at its budget finishes, and so ends the run, before the
     checkpointer asks. The checkpointer takes the file as that service's answer (else the
-    final checkpoint would carry over the newest periodic state, or none). Written to a
-    temporary file, synced, then renamed: the checkpointer finds all of it or nothing."""
+    final checkpoint would carry over the newest periodic state, or none). Written with
+    :func:`save_atomically`: the checkpointer finds all of it or nothing."""
     if not node_context.info.run_dir or not node_context.bus.publishes(service):
         return
     path = left_state_path(node_context.info.run_dir, service)

@@ -53,8 +53,8 @@ def _handover_path(node) -> str:
 
 
 def leave_handover(store, node) -> None:
-    """An in-memory store stopped for a replacement writes its whole state for it: written
-    to a temporary file, synced, then renamed, so the replacement finds all of it or none."""
+    """An in-memory store stopped for a replacement writes its whole state for it
+    (:func:`~nodes._common.save_atomically`: the replacement finds all of it or none)."""
     path = _handover_path(node)
     save_atomically(path, store.state())
     log.info("left %d steps for the replacement in %s", store.limiter.inserted, path)

@@ -371,7 +371,7 @@ class ReliableSubscriber:
 
     def _ack_handed_out(self) -> None:
         """Asking again acknowledges what the last call handed out: ``recv``'s message, or
-        each wire message of what ``recv_many`` returned."""
+        each wire message of what ``recv_many`` or ``recv_message`` returned."""
         if self._last is not None:
             self._ack_previous()
         if self._handed:

@@ -14,3 +14,24 @@ def replay_backend(request, monkeypatch):
         monkeypatch.setattr(arrays, "TORCH_ON_CPU", True)
         return None
     return request.param
+
+
+@pytest.fixture
+def live_runs(tmp_path):
+    """``start(graph, *overrides, run_dir=None, resume=False)``: ``run.py`` on ``graph`` for
+    real (a :class:`tests.pipeline_harness.LiveRun`), each run in a directory of its own under
+    ``tmp_path`` unless given one; every run and its nodes are killed at teardown, whatever
+    the test left running."""
+    from tests.pipeline_harness import LiveRun
+
+    runs = []
+
+    def start(graph, *overrides, run_dir=None, resume=False):
+        run = LiveRun(run_dir or str(tmp_path / f"run{len(runs)}"), graph, *overrides,
+                      resume=resume)
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        run.kill()

@@ -20,18 +20,12 @@ def graph(name: str) -> str:
 
 
 @pytest.fixture
-def live(tmp_path):
-    runs = []
-
+def live(live_runs):
     def start(name, *overrides, run_dir=None, resume=False):
-        run = LiveRun(run_dir or str(tmp_path / f"run{len(runs)}"), None if resume else
-                      graph(name), *overrides, resume=resume)
-        runs.append(run)
-        return run
+        return live_runs(None if resume else graph(name), *overrides, run_dir=run_dir,
+                         resume=resume)
 
-    yield start
-    for run in runs:
-        run.kill()
+    return start
 
 
 def eval_returns(run: LiveRun) -> list[tuple[int, float]]:

@@ -7,6 +7,7 @@ store nothing twice and lose nothing but what the killed process still held."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 
@@ -17,7 +18,7 @@ import torch
 from pipeline import graph as graphlib
 from pipeline.graphyaml import GraphError
 from pipeline.inloop import run_graph
-from tests.pipeline_harness import ROOT, LiveRun
+from tests.pipeline_harness import ROOT
 from tests.test_graphs_training import assert_accounting, eval_returns, reached
 from tests.test_reliability_ledger import _stop
 from tests.test_reliability_replay_restart import _status, _wait
@@ -136,17 +137,8 @@ def test_each_env_group_unrolls_its_own_environments(tmp_path):
 
 
 @pytest.fixture
-def live(tmp_path):
-    runs = []
-
-    def start(*overrides):
-        run = LiveRun(str(tmp_path / f"run{len(runs)}"), ACTOR_GRAPH, *overrides)
-        runs.append(run)
-        return run
-
-    yield start
-    for run in runs:
-        run.kill()
+def live(live_runs):
+    return functools.partial(live_runs, ACTOR_GRAPH)
 
 
 @pytest.mark.timeout(900)
@@ -197,7 +189,7 @@ def test_kill_9_and_swap_of_the_actor_store_every_step_once(live):
 
 
 @pytest.mark.timeout(600)
-def test_sigint_then_resume_keeps_every_step_and_the_actors_state(live, tmp_path):
+def test_sigint_then_resume_keeps_every_step_and_the_actors_state(live, live_runs):
     """The actor stops first: it flushes all it took into replay and leaves its state, which
     the final checkpoint takes, so the checkpoint's actor and replay agree on every step and
     the resumed actor counts on from there."""
@@ -219,11 +211,8 @@ def test_sigint_then_resume_keeps_every_step_and_the_actors_state(live, tmp_path
         stopped["replay_store.0"]["status"]["inserted"], stopped
     assert not os.listdir(os.path.join(first.run_dir, "state"))  # taken
 
-    resumed = LiveRun(first.run_dir, None, resume=True)
-    try:
-        assert resumed.finish(500) == 0, resumed.stderr
-    finally:
-        resumed.kill()
+    resumed = live_runs(None, run_dir=first.run_dir, resume=True)
+    assert resumed.finish(500) == 0, resumed.stderr
     assert "resuming from" in resumed.stderr
     with open(os.path.join(first.run_dir, "logs", "actor.0.log")) as f:
         assert f"(env_steps {acted})" in f.read()  # restored from the final checkpoint
@@ -237,7 +226,7 @@ def test_sigint_then_resume_keeps_every_step_and_the_actors_state(live, tmp_path
 
 
 @pytest.mark.timeout(300)
-def test_an_actor_acts_as_a_runner_and_an_unroller_do(tmp_path):
+def test_an_actor_acts_as_a_runner_and_an_unroller_do(tmp_path, live_runs):
     """PPO with one unroll per parameter version is deterministic: the same seeds give the
     same unrolls. The PPO CartPole graph and the same graph with an actor in place of its
     runner and unroller end with the same network, bit for bit."""
@@ -256,13 +245,9 @@ def test_an_actor_acts_as_a_runner_and_an_unroller_do(tmp_path):
     actor_graph.write_text(actor)
     networks = []
     for graph in (os.path.join(ROOT, "graphs", "ppo_cartpole.yaml"), str(actor_graph)):
-        run = LiveRun(str(tmp_path / f"run{len(networks)}"), graph,
-                      "nodes.evaluator.config.stop_at_return=null",
-                      "nodes.learner.config.num_env_steps=5120")  # 20 unrolls of 8 x 32
-        try:
-            assert run.finish(200) == 0, run.stderr
-        finally:
-            run.kill()
+        run = live_runs(graph, "nodes.evaluator.config.stop_at_return=null",
+                        "nodes.learner.config.num_env_steps=5120")  # 20 unrolls of 8 x 32
+        assert run.finish(200) == 0, run.stderr
         root = os.path.join(run.run_dir, "checkpoints")
         state = torch.load(os.path.join(root, sorted(os.listdir(root))[-1], "learner.pt"),
                            weights_only=True)["algorithm"]["module"]

@@ -12,7 +12,7 @@ import nodes  # noqa: F401 - registers the node kinds and their graph checks
 from pipeline import graph as graphlib
 from pipeline.cli import UsageError
 from pipeline.commands import _check_scaled
-from tests.pipeline_harness import ROOT, LiveRun
+from tests.pipeline_harness import ROOT
 
 TRAINING = ["dqn_cartpole", "dqn_cartpole_per", "ppo_cartpole", "sac_pendulum", "td3_pendulum",
             "sac_halfcheetah", "ppo_halfcheetah"]
@@ -36,17 +36,8 @@ def test_a_second_env_runner_is_refused_exactly_where_replay_cannot_take_it(name
 
 
 @pytest.fixture
-def live(tmp_path):
-    runs = []
-
-    def start(name, *overrides):
-        run = LiveRun(str(tmp_path / f"run{len(runs)}"), graph(name), *overrides)
-        runs.append(run)
-        return run
-
-    yield start
-    for run in runs:
-        run.kill()
+def live(live_runs):
+    return lambda name, *overrides: live_runs(graph(name), *overrides)
 
 
 @pytest.mark.timeout(600)

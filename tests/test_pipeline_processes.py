@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import signal
@@ -22,17 +23,8 @@ def _counts(n: int) -> tuple[str, str]:
 
 
 @pytest.fixture
-def live(tmp_path):
-    runs = []
-
-    def start(*overrides):
-        run = LiveRun(str(tmp_path / f"run{len(runs)}"), GRAPH, *overrides)
-        runs.append(run)
-        return run
-
-    yield start
-    for run in runs:
-        run.kill()
+def live(live_runs):
+    return functools.partial(live_runs, GRAPH)
 
 
 def _assert_complete(result: dict, n: int, duplicates_allowed: bool = False) -> None:

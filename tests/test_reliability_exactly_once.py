@@ -4,6 +4,7 @@ record counted once, none missing, whatever was redelivered."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 
@@ -15,17 +16,8 @@ GRAPH = os.path.join(ROOT, "graphs", "demo_counter.yaml")
 
 
 @pytest.fixture
-def live(tmp_path):
-    runs = []
-
-    def start(*overrides):
-        run = LiveRun(str(tmp_path / f"run{len(runs)}"), GRAPH, *overrides)
-        runs.append(run)
-        return run
-
-    yield start
-    for run in runs:
-        run.kill()
+def live(live_runs):
+    return functools.partial(live_runs, GRAPH)
 
 
 def _kill_during_run(live, node: str, n: int, at: int, *overrides) -> tuple[dict, LiveRun]:

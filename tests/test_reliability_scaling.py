@@ -10,22 +10,12 @@ import sys
 
 import pytest
 
-from tests.pipeline_harness import ROOT, LiveRun
+from tests.pipeline_harness import ROOT
 
 
 @pytest.fixture
-def live(tmp_path):
-    runs = []
-
-    def start(graph, *overrides):
-        run = LiveRun(str(tmp_path / f"run{len(runs)}"), os.path.join(ROOT, "graphs", graph),
-                      *overrides)
-        runs.append(run)
-        return run
-
-    yield start
-    for run in runs:
-        run.kill()
+def live(live_runs):
+    return lambda graph, *overrides: live_runs(os.path.join(ROOT, "graphs", graph), *overrides)
 
 
 def _steps(run, instance: str) -> int:

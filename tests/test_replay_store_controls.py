@@ -90,17 +90,8 @@ def write_graph(tmp_path, replay: dict, budget=4000, publish_every=8, prioritize
 
 
 @pytest.fixture
-def live(tmp_path):
-    runs = []
-
-    def start(graph):
-        run = LiveRun(str(tmp_path / f"run{len(runs)}"), graph)
-        runs.append(run)
-        return run
-
-    yield start
-    for run in runs:
-        run.kill()
+def live(live_runs):
+    return live_runs
 
 
 def replay_reports(run: LiveRun) -> list[dict]:
