@@ -118,6 +118,16 @@ class LiveRun:
     def interrupt(self) -> None:
         self.proc.send_signal(signal.SIGINT)
 
+    def interrupt_after_learning(self, env_steps: int) -> dict:
+        """Stop the run as a user would with ctrl-c once the learner reported ``env_steps``;
+        asserts it ended cleanly and returns its nodes' summary."""
+        self.wait_ready()
+        self.wait_for_message("metrics", lambda m: m.env_steps >= env_steps and
+                              m.source.startswith("learner"))
+        self.interrupt()
+        assert self.finish(300) == 0, self.stderr
+        return self.summary()["nodes"]
+
     def kill(self) -> None:
         """Last resort cleanup: kill the supervisor and every node it started."""
         if self.proc.poll() is None:

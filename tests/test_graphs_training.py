@@ -89,12 +89,7 @@ def test_sigint_then_resume_continues_where_it_stopped(live, tmp_path):
     short = ("nodes.evaluator.config.stop_at_return=null",
              f"nodes.learner.config.num_env_steps={budget}", "nodes.checkpointer.config.interval_s=5")
     first = live("dqn_cartpole", *short)
-    first.wait_ready()
-    first.wait_for_message("metrics", lambda m: m.env_steps >= 2000 and
-                           m.source.startswith("learner"))
-    first.interrupt()
-    assert first.finish(300) == 0, first.stderr
-    stopped = first.summary()["nodes"]
+    stopped = first.interrupt_after_learning(2000)
     stop_steps = stopped["learner.0"]["status"]["env_steps"]
     stop_version = stopped["learner.0"]["status"]["version"]
     assert 2000 <= stop_steps < budget

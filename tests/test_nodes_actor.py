@@ -197,12 +197,7 @@ def test_sigint_then_resume_keeps_every_step_and_the_actors_state(live, live_run
     first = live("nodes.evaluator.config.stop_at_return=null",
                  f"nodes.learner.config.num_env_steps={budget}",
                  "nodes.checkpointer.config.interval_s=600")  # only the final checkpoint
-    first.wait_ready()
-    first.wait_for_message("metrics", lambda m: m.env_steps >= 2000 and
-                           m.source.startswith("learner"))
-    first.interrupt()
-    assert first.finish(300) == 0, first.stderr
-    stopped = first.summary()["nodes"]
+    stopped = first.interrupt_after_learning(2000)
     assert 2000 <= stopped["learner.0"]["status"]["env_steps"] < budget
     root = os.path.join(first.run_dir, "checkpoints")
     newest = os.path.join(root, sorted(os.listdir(root))[-1])
