@@ -11,11 +11,20 @@ return up to the window end (``n_step > 1``) or the one-step target (``n_step = 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 
-from algorithms.base import RLAlgorithm
-from algorithms.data import AlgStep, Experience, LossInfo, StepType, TimeStep, TrainResult
+from algorithms.base import RLAlgorithm, _scalars
+from algorithms.data import (
+    AlgStep,
+    Experience,
+    LazyMetrics,
+    LossInfo,
+    StepType,
+    TimeStep,
+    TrainResult,
+)
 from algorithms.losses import (
     TDLoss,
     get_td_error_loss_fn,
@@ -154,12 +163,15 @@ class DqnAlgorithm(RLAlgorithm):
 
     def _by_hand_networks(self) -> tuple[ReluMlp, ReluMlp] | None:
         """The online and target networks as :class:`ReluMlp` where the one-step update can
-        run without autograd: ReLU MLPs, float32 updates, a loss whose slope is written out
-        below. None otherwise."""
+        run without autograd: ReLU MLPs whose layers are all the Q network's parameters,
+        float32 updates, a loss whose slope is written out below. None otherwise."""
         if self.precision != "float32" or self.td_loss.td_error_loss_fn not in _LOSS_SLOPES:
             return None
         online, target = ReluMlp.of(self.q_network), ReluMlp.of(self.target_q_network)
-        return None if online is None or target is None else (online, target)
+        if online is None or target is None or \
+                {id(p) for p in online.parameters()} != {id(p) for p in self.q_network.parameters()}:
+            return None
+        return online, target
 
     def _update(self, exp: Experience, w: torch.Tensor | None) -> TrainResult:
         if self._by_hand is not None and one_step_window(self.td_loss, exp):
@@ -171,7 +183,9 @@ class DqnAlgorithm(RLAlgorithm):
         """:meth:`_one_step_train_step`, :meth:`calc_loss` and the gradient step in one, with
         the gradient written out (:mod:`algorithms.mlp_backprop`): the same update up to
         float rounding, in fewer and cheaper operations. The online network runs once on
-        ``s`` and ``s'`` together; the gradient flows through the rows of ``s`` only."""
+        ``s`` and ``s'`` together; the gradient flows through the rows of ``s`` only. The
+        gradients land in one flat tensor, so clipping is one norm and one rescaling; the
+        loss is computed only when the metrics are read."""
         online, target_net = self._by_hand
         B = exp.step_type.shape[0]
         action = exp.action[:, :1]
@@ -181,18 +195,30 @@ class DqnAlgorithm(RLAlgorithm):
         q_target_next = target_net.forward(next_obs)[0]
         target, valid = self._one_step_target(
             exp, q_target_next, q_both[B:] if self.double_q else q_target_next)
-        loss_fn = self.td_loss.td_error_loss_fn
-        loss = get_td_error_loss_fn(loss_fn)(target, q) * valid
+        error = (q - target).mul_(valid)  # 0 where row 0 is LAST
         # d(mean of w * loss)/dq, per sample, placed at the action taken.
-        weight = valid / B if w is None else valid * w / B
-        grad_q = torch.zeros_like(q_both[:B]).scatter_(
-            -1, action, (_LOSS_SLOPES[loss_fn](q - target) * weight).unsqueeze(-1))
-        self._zero_gradients()
+        slope = _LOSS_SLOPES[self.td_loss.td_error_loss_fn](error)
+        slope = slope.mul_(1.0 / B) if w is None else slope.mul_(w / B)
+        grad_q = torch.zeros_like(q_both[:B]).scatter_(-1, action, slope.unsqueeze(-1))
         online.backward(inputs, grad_q)
-        self._step_optimizers()
+        self._step_optimizers(gradients=online.gradients())
         self.after_update()
-        info = self._loss_info(loss, (target - q) * valid, q[:, None])
-        return self._train_result(importance_weighted_mean(loss, w), info.extra, info.priority)
+        return TrainResult(LazyMetrics(self._by_hand_metrics(q, target, valid, w)),
+                           error.abs().cpu())
+
+    def _by_hand_metrics(self, q, target, valid, w) -> Callable[[], dict[str, float]]:
+        """The metrics of :meth:`_loss_info` for a by-hand update, computed when read."""
+        epsilon = self.epsilon() if self.env_steps else None
+
+        def compute() -> dict[str, float]:
+            loss = get_td_error_loss_fn(self.td_loss.td_error_loss_fn)(target, q) * valid
+            extra = {"loss/total": importance_weighted_mean(loss, w), "loss/td": loss,
+                     "q/mean": q}
+            if epsilon is not None:
+                extra["epsilon"] = epsilon
+            return _scalars(extra)
+
+        return compute
 
     def calc_loss(self, info) -> LossInfo:
         exp = info["exp"]

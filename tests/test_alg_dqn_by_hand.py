@@ -86,10 +86,13 @@ def test_gradients_match_autograd_on_a_relu_mlp():
     mlp = ReluMlp.of(net)
     obs = torch.randn(24, 3, 2)
     grad_out = torch.randn(10, 3)
-    out, inputs = mlp.forward(obs)
-    torch.testing.assert_close(out, net(obs))
-    mlp.backward(inputs, grad_out)  # through the first 10 rows only
+    with torch.no_grad():  # as the update runs it
+        out, inputs = mlp.forward(obs)
+        torch.testing.assert_close(out, net(obs))
+        mlp.backward(inputs, grad_out)  # through the first 10 rows only
     mine = [p.grad.clone() for p in net.parameters()]
+    # Every gradient is a view of the one flat tensor that clipping takes the norm of.
+    torch.testing.assert_close(mlp.gradients(), torch.cat([g.flatten() for g in mine]))
     net.zero_grad()
     (net(obs)[:10] * grad_out).sum().backward()
     for name, g, p in zip(dict(net.named_parameters()), mine, net.parameters(), strict=True):
