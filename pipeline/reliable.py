@@ -67,6 +67,10 @@ MEMBER_TIMEOUT_S = 60.0
 KEEPALIVE_S = 10.0
 SECRET_ENV = "CONDUIT_RUN_SECRET"  # set by the supervisor for every node: Join must carry it
 ACK_DELAY_S = 0.002  # how long an idle subscriber may sit on credit below the batch size
+# How long a busy subscriber may sit on a connection's acknowledgements below the batch size: a
+# publisher that stopped sending (a swapped or stopping node flushing its last messages) is
+# acknowledged although the subscriber never goes idle while other publishers keep it busy.
+ACK_SWEEP_S = 0.05
 _DATA = b"D"
 _BATCH = b"B"
 _CTRL = b"C"

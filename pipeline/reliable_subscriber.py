@@ -208,6 +208,7 @@ class ReliableSubscriber:
         self._ack_batch = max(1, window // 4)
         self._ack_bytes = max(1, window_bytes // 4)
         self._ack_timer: asyncio.TimerHandle | None = None
+        self._sweep_timer: asyncio.TimerHandle | None = None  # see _sweep_acks
         self._keepalive: asyncio.TimerHandle | None = None
         self.leaving = False
 
@@ -260,6 +261,7 @@ class ReliableSubscriber:
                 conn.handled += 1
                 conn.handled_bytes += self._last_bytes
                 self._to_ack.add(conn)
+                self._arm_sweep()
         if threshold is None:  # only the last connection's count moved
             if conn is not None and (conn.handled >= self._ack_batch
                                      or conn.handled_bytes >= self._ack_bytes):
@@ -280,7 +282,17 @@ class ReliableSubscriber:
             conn.handled += 1
             conn.handled_bytes += nbytes
             self._to_ack.add(conn)
+        if conn is not None:
+            self._arm_sweep()
         return conn
+
+    def _arm_sweep(self) -> None:
+        if self._sweep_timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # closing outside a loop: close() acknowledges everything
+                return
+            self._sweep_timer = loop.call_later(reliable.ACK_SWEEP_S, self._sweep_acks)
 
     def on_output_acknowledged(self) -> None:
         if self._waiting and self._release() is not None:
@@ -295,6 +307,17 @@ class ReliableSubscriber:
     def _flush_acks(self) -> None:
         self._ack_timer = None
         self._ack_previous(threshold=1)
+
+    def _sweep_acks(self) -> None:
+        """Acknowledge what every connection has handled below the batch size. The idle flush
+        above never runs while other publishers keep the queue full (a replay store held back
+        by its rate limiter, fed by a new actor), so a publisher that sent its last messages
+        (a swapped node flushing before it exits) would wait for their acknowledgement until
+        it was killed. Only handled messages: what the consumer holds now is not."""
+        self._sweep_timer = None
+        for conn in list(self._to_ack):
+            self._to_ack.discard(conn)
+            conn.ack_handled()
 
     async def _arrived(self) -> bool:
         """Wait until a message is queued; False once leaving and every publisher confirmed
@@ -412,6 +435,8 @@ class ReliableSubscriber:
         self._ack_previous(threshold=1)
         if self._ack_timer is not None:
             self._ack_timer.cancel()
+        if self._sweep_timer is not None:
+            self._sweep_timer.cancel()
         if self._keepalive is not None:
             self._keepalive.cancel()
         for conn in self.connections.values():

@@ -657,3 +657,24 @@ async def _flush_present_only(tmp_path) -> None:
 @pytest.mark.timeout(60)
 def test_a_present_only_flush_does_not_wait_for_a_group_whose_consumers_left(tmp_path):
     asyncio.run(asyncio.wait_for(_flush_present_only(tmp_path), 30))
+
+
+async def _busy_subscriber_acknowledges(tmp_path) -> None:
+    """A publisher that stopped sending below the acknowledgement batch is acknowledged
+    although the subscriber never goes idle (the idle flush is pushed out of reach here, as
+    other publishers keeping its queue full push it in a run)."""
+    async with _publisher_and_sink(tmp_path) as (pub, subscribe, raw):
+        sub = subscribe()
+        for i in range(3):  # a quarter window is 25: three stay below the batch
+            await pub.send(Record(i, None))
+        for i in range(3):
+            assert (await asyncio.wait_for(sub.recv(), 5)).message.origin == i
+        asking = asyncio.ensure_future(sub.recv())  # handled all three; waits for more
+        assert await pub.flush(5) and pub.pending() == 0
+        asking.cancel()
+
+
+@pytest.mark.timeout(60)
+def test_a_busy_subscriber_acknowledges_a_publisher_that_stopped_sending(tmp_path, monkeypatch):
+    monkeypatch.setattr(reliable, "ACK_DELAY_S", 60.0)
+    asyncio.run(asyncio.wait_for(_busy_subscriber_acknowledges(tmp_path), 30))
