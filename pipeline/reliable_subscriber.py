@@ -261,7 +261,8 @@ class ReliableSubscriber:
                 conn.handled += 1
                 conn.handled_bytes += self._last_bytes
                 self._to_ack.add(conn)
-                self._arm_sweep()
+                if self._sweep_timer is None:  # checked here: this runs once per message
+                    self._arm_sweep()
         if threshold is None:  # only the last connection's count moved
             if conn is not None and (conn.handled >= self._ack_batch
                                      or conn.handled_bytes >= self._ack_bytes):
