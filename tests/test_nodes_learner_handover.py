@@ -71,7 +71,9 @@ def test_swapped_learner_continues_from_the_old_ones_state(run):
     # The version count goes on from the old learner's (it restarted at 1 before the fix).
     handed_over = new["status"]["took_over_version"]
     assert handed_over >= max(old["status"]["version"], before.values["eval/version"])
-    after = _best_of_evaluations_after(run, handed_over)
+    # Best of three: two evaluations in a row can both dip (seen: 336.7, 500 and 499.5 before
+    # a swap, then 107.5 at best of the next two), while an untrained network scores ~9.
+    after = _best_of_evaluations_after(run, handed_over, count=3)
     evals = _evals(run)
     last_three = [m["eval/return"] for m in evals if m["eval/version"] <= handed_over][-3:]
     # Within noise of the evaluations just before the swap: an untrained network scores ~9,
