@@ -453,10 +453,14 @@ def _scalars(extra) -> dict[str, float]:
     return out
 
 
+def _clip_coefficient(total_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """What ``nn.utils.clip_grad_norm_`` multiplies the gradients by."""
+    return (max_norm / (total_norm + 1e-6)).clamp_(max=1.0)
+
+
 def _clip_flat_gradients(gradients: torch.Tensor, max_norm: float) -> None:
     """:func:`_clip_grad_norm` of gradients that are views of the one tensor ``gradients``."""
-    coef = (max_norm / (torch.linalg.vector_norm(gradients) + 1e-6)).clamp_(max=1.0)
-    gradients.mul_(coef)
+    gradients.mul_(_clip_coefficient(torch.linalg.vector_norm(gradients), max_norm))
 
 
 def _clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> None:
@@ -469,8 +473,7 @@ def _clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> None:
         nn.utils.clip_grad_norm_(params, max_norm)
         return
     total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    coef = (max_norm / (total + 1e-6)).clamp_(max=1.0)
-    torch._foreach_mul_(grads, coef)
+    torch._foreach_mul_(grads, _clip_coefficient(total, max_norm))
 
 
 class _Group:

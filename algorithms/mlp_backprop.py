@@ -77,11 +77,11 @@ class ReluMlp:
             if i:  # through the ReLU whose output is ``x``: autograd's own ReLU backward
                 g = torch.ops.aten.threshold_backward(g.mm(layer.weight), x, 0)
 
-    def gradients(self) -> torch.Tensor:
-        """Every parameter's gradient in one flat tensor, of which the parameters' ``.grad``
-        are views: the norm for clipping is one operation over it, not one per parameter
-        and a second over their norms."""
-        self._gradient_views()
+    def gradients(self) -> torch.Tensor | None:
+        """Every parameter's gradient as the last :meth:`backward` wrote them, in one flat
+        tensor of which the parameters' ``.grad`` are views (None before the first): the
+        norm for clipping is one operation over it, not one per parameter and a second over
+        their norms."""
         return self._flat
 
     def parameters(self) -> list[nn.Parameter]:
