@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -35,6 +36,7 @@ from algorithms.data import (
     LossInfo,
     TimeStep,
     TrainResult,
+    mini_batch_rows,
     to_tensor,
 )
 from algorithms.data_transformer import SequentialDataTransformer, from_configs
@@ -177,8 +179,12 @@ class RLAlgorithm(nn.Module):
 
     def _experience(self, exp: Experience) -> Experience:
         """Wire arrays -> tensors on ``self.device`` with the dtypes the losses expect, then
-        the data transformers (which update their statistics here: training data only)."""
-        exp = self._experience_tensors(exp)
+        the data transformers."""
+        return self._transformed(self._experience_tensors(exp))
+
+    def _transformed(self, exp: Experience) -> Experience:
+        """``exp`` through the data transformers, which update their statistics here
+        (training data only)."""
         if self.data_transformer is not None:
             exp = self.data_transformer.transform_experience(exp)
         return exp
@@ -305,6 +311,20 @@ class RLAlgorithm(nn.Module):
         on-policy ones); returns scalar metrics and per-sample priorities ``[B]`` or None."""
         return self._update(self._experience(experience),
                             self._importance_weights(importance_weights))
+
+    def train_on_mini_batches(self, experience: Experience, mini_batch_size: int,
+                              importance_weights: torch.Tensor | None = None
+                              ) -> Iterator[TrainResult]:
+        """:meth:`train_on` of each ``mini_batch_size`` rows of ``experience`` in turn (the
+        mini-batches of one sample request), each result yielded before the next update, so
+        what the caller does between updates (priorities, parameters) happens as it would
+        after each ``train_on``. The batch becomes tensors once; the data transformers still
+        see one mini-batch at a time, as their statistics would move update by update."""
+        exp = self._experience_tensors(experience)
+        w = self._importance_weights(importance_weights)
+        for rows in mini_batch_rows(exp, mini_batch_size):
+            yield self._update(self._transformed(exp.map(lambda x, rows=rows: x[rows])),
+                               None if w is None else w[rows])
 
     def _importance_weights(self, importance_weights) -> torch.Tensor | None:
         return None if importance_weights is None else to_tensor(

@@ -103,6 +103,12 @@ class Experience(NamedTuple):
                                      for k, v in self.to_dict().items()})
 
 
+def mini_batch_rows(exp: Experience, size: int) -> list[slice]:
+    """The rows of each consecutive ``size``-row mini-batch of a batch-major ``exp``."""
+    rows = exp.step_type.shape[0]
+    return [slice(first, min(first + size, rows)) for first in range(0, rows, size)]
+
+
 def make_experience(time_step: TimeStep, alg_step: AlgStep) -> Experience:
     """Build the stored step ``t`` from the time step ``t`` and ``rollout_step``'s output."""
     return Experience(*time_step, action=alg_step.output, rollout_info=dict(alg_step.info or {}))

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from algorithms.data import Experience
+from algorithms.data import Experience, mini_batch_rows
 from nodes._algorithm_config import is_on_policy
 from nodes._algorithm_config import validate as validate
 from nodes._common import (
@@ -249,20 +249,20 @@ class Learner:
             reply = envelope if isinstance(envelope, ShardedBatch) else envelope.message
             shards = getattr(reply, "shards", None)  # each row's replay shard, if sharded
             self.env_steps = max(self.env_steps, reply.env_steps)
-            batch = to_torch(reply.experience)
-            size = config.mini_batch_size
-            for first in range(0, size * config.batches_per_request, size):
-                rows = slice(first, first + size)
-                exp = Experience.from_dict({k: v[rows] for k, v in batch.items()})
-                weights = torch.as_tensor(reply.importance_weights[rows]) \
-                    if config.prioritized else None
-                started = time.perf_counter()
-                result = self.alg.train_on(exp, weights)
-                self._train_s += time.perf_counter() - started
-                if priorities is not None and result.priorities is not None:
-                    await self._send_priorities(priorities, reply, rows, result.priorities,
-                                                shards)
-                await self.after_update(result.metrics)
+            exp = Experience.from_dict(to_torch(reply.experience))
+            weights = torch.as_tensor(reply.importance_weights) if config.prioritized else None
+            updates = self.alg.train_on_mini_batches(exp, config.mini_batch_size, weights)
+            try:
+                for rows in mini_batch_rows(exp, config.mini_batch_size):
+                    started = time.perf_counter()
+                    result = next(updates)
+                    self._train_s += time.perf_counter() - started
+                    if priorities is not None and result.priorities is not None:
+                        await self._send_priorities(priorities, reply, rows, result.priorities,
+                                                    shards)
+                    await self.after_update(result.metrics)
+            finally:  # a handover cancels training between two updates
+                updates.close()
 
     @staticmethod
     async def _send_priorities(priorities, reply, rows: slice, values, shards) -> None:
