@@ -1,7 +1,7 @@
 """evaluator: greedy episodes in its own environments with the newest parameters.
 
-Every ``eval_interval`` environment steps (as stamped on the parameters; the first at
-``eval_interval``, or at 0 with ``eval_at_start``) it runs
+Every ``eval_interval`` environment steps (as stamped on the parameters: the first parameters
+at or past each multiple of it, or also at 0 with ``eval_at_start``) it runs
 ``num_eval_episodes`` episodes in parallel with ``predict_step`` and publishes
 ``eval/return``, ``eval/length`` and ``eval/seconds`` (from the parameters' arrival to the
 result, so a benchmark can take evaluation off a training clock). With ``stop_at_return`` set
@@ -34,7 +34,8 @@ PORTS = Ports(subscribes={"params": Port(Params)}, publishes={"metrics": Port(Me
 @dataclass(frozen=True)
 class Config(AlgorithmConfig):
     num_eval_episodes: int = field(default=10, metadata={"doc": "episodes per evaluation"})
-    eval_interval: int = field(default=5000, metadata={"doc": "env steps between evaluations"})
+    eval_interval: int = field(default=5000, metadata={"minimum": 1,
+                                                       "doc": "env steps between evaluations"})
     stop_at_return: float | None = field(default=None, metadata={
         "doc": "finish once the mean return reaches this"})
     seed: int = field(default=10_000, metadata={"doc": "evaluation env seed"})
@@ -59,6 +60,14 @@ def _evaluate(alg, config: Config):
 
     return evaluate(alg, config.env_id, config.num_eval_episodes, config.seed, config.env_kwargs,
                     config.epsilon)
+
+
+def next_evaluation(env_steps: int, interval: int) -> int:
+    """The env steps of the evaluation after one of parameters stamped ``env_steps``: the
+    next multiple of ``interval``, as a trainer that evaluates every ``interval`` env steps
+    would. Parameters arrive every few dozen env steps, so counting ``interval`` from the
+    stamp evaluated later by that much each time (1000, 2024, 3048, ...)."""
+    return (env_steps // interval + 1) * interval
 
 
 async def run(config: Config, node, ready) -> dict:
@@ -93,7 +102,7 @@ async def run(config: Config, node, ready) -> dict:
             _evaluate, alg, config)
         evaluations += 1
         best = max(best, mean_return)
-        next_eval = msg.env_steps + config.eval_interval
+        next_eval = next_evaluation(msg.env_steps, config.eval_interval)
         node.status.update(env_steps=msg.env_steps, eval_return=round(mean_return, 1))
         log.info("env_steps %d version %d: eval return %.1f", msg.env_steps, msg.version,
                  mean_return)

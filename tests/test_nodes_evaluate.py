@@ -44,3 +44,17 @@ def test_epsilon_takes_random_actions():
     assert explored.mean_length >= 15  # random play balances ~22 steps on average
     again = evaluate(_AlwaysLeft(), "CartPole-v1", 10, seed=0, epsilon=1.0)
     assert again == explored  # seeded: the same evaluation twice
+
+
+def test_evaluations_fall_on_multiples_of_the_interval():
+    """Parameters stamped a little past a multiple do not push the next evaluations later."""
+    from nodes.evaluator import next_evaluation
+
+    stamps, due = [], 1000
+    for _ in range(30):
+        stamp = due + 24  # the first parameters at or past the due step
+        stamps.append(stamp)
+        due = next_evaluation(stamp, 1000)
+    assert [s // 1000 for s in stamps] == list(range(1, 31))
+    assert all(s % 1000 == 24 for s in stamps)
+    assert next_evaluation(999, 1000) == 1000 and next_evaluation(1000, 1000) == 2000
