@@ -1,28 +1,14 @@
 """``train_on_mini_batches``: the mini-batches of one sample request, each update the one
 ``train_on`` of its rows makes, the data transformers seeing one mini-batch at a time."""
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 import algorithms
 from algorithms import configs
-from algorithms.data import Experience, mini_batch_rows
-
-OBS = gym.spaces.Box(-1, 1, (3, 2), np.float32)
-ACTIONS = gym.spaces.Discrete(3)
-
-
-def _batch(B: int, seed: int) -> Experience:
-    rng = np.random.default_rng(seed)
-    step_type = np.ones((B, 2), np.int64)
-    step_type[::7, 0] = 2  # some LAST rows
-    return Experience(
-        step_type=step_type, reward=rng.normal(size=(B, 2)).astype(np.float32),
-        discount=(rng.uniform(size=(B, 2)) > 0.1).astype(np.float32),
-        observation=rng.normal(scale=3.0, size=(B, 2, 3, 2)).astype(np.float32),
-        action=rng.integers(0, 3, (B, 2)), prev_action=(), env_id=(), rollout_info={})
+from algorithms.data import mini_batch_rows
+from tests.test_alg_dqn_by_hand import ACTIONS, OBS, _batch
 
 
 def _dqn(**kwargs):
@@ -37,7 +23,7 @@ def _dqn(**kwargs):
 def test_each_mini_batch_is_trained_as_train_on_would(transformers, weighted):
     """Across two target-network updates; with an observation normalizer, whose statistics
     move mini-batch by mini-batch."""
-    request = _batch(12 * 8, seed=1)
+    request = _batch(12 * 8, 2, seed=1)
     w = np.random.default_rng(2).uniform(0.2, 1.0, 96).astype(np.float32) if weighted else None
     batched, single = _dqn(data_transformers=transformers), _dqn(data_transformers=transformers)
     results = list(batched.train_on_mini_batches(request, 8, w))
@@ -56,7 +42,7 @@ def test_each_mini_batch_is_trained_as_train_on_would(transformers, weighted):
 def test_each_update_happens_when_its_result_is_asked_for():
     """The caller acts between updates (priorities, parameters): nothing runs ahead."""
     alg = _dqn()
-    updates = alg.train_on_mini_batches(_batch(24, seed=0), 8)
+    updates = alg.train_on_mini_batches(_batch(24, 2, seed=0), 8)
     assert alg.num_updates == 0
     next(updates)
     assert alg.num_updates == 1
@@ -65,4 +51,4 @@ def test_each_update_happens_when_its_result_is_asked_for():
 
 
 def test_mini_batch_rows_cover_every_row_once():
-    assert mini_batch_rows(_batch(20, seed=0), 8) == [slice(0, 8), slice(8, 16), slice(16, 20)]
+    assert mini_batch_rows(_batch(20, 2, seed=0), 8) == [slice(0, 8), slice(8, 16), slice(16, 20)]
