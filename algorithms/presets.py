@@ -33,11 +33,14 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
+    # RL Zoo's learning rate and a 4k-step epsilon decay: through the graph, twelve seeds
+    # reached 475 at 7k-38k env steps (median 25k), against 8k-47k (median 35.5k) with 1e-3 and
+    # 8k, whose tail came close enough to the 50k budget to fail CI once.
     "dqn-CartPole-v1": Preset(
         "dqn", "CartPole-v1", 50_000, 475.0,
-        algorithm=dict(fc_layer_params=(256, 256), learning_rate=1e-3, gamma=0.99, n_step=1,
+        algorithm=dict(fc_layer_params=(256, 256), learning_rate=2.3e-3, gamma=0.99, n_step=1,
                        target_update_period=128, rollout_epsilon_greedy=0.04,
-                       epsilon_decay_steps=8000, td_error_loss_fn="huber"),
+                       epsilon_decay_steps=4000, td_error_loss_fn="huber"),
         trainer=dict(num_envs=4, unroll_length=64, initial_collect_steps=1000,
                      num_updates_per_train_iter=128, mini_batch_size=64,
                      replay_buffer_length=25_000, eval_interval=2500)),

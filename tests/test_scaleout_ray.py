@@ -124,7 +124,7 @@ def test_a_dead_ray_node_s_replica_comes_back_elsewhere_with_nothing_lost(cluste
 def test_dqn_cartpole_on_ray_reaches_475(cluster, tmp_path):
     """graphs/dqn_cartpole.yaml with run.launcher=ray: the learner on a worker Ray node, the
     runner and the replay store on the head, the rest wherever Ray puts them; tcp with CURVE."""
-    from tests.test_graphs_training import graph, reached
+    from tests.test_graphs_training import eval_returns, graph, reached
 
     c, workers = cluster
     box = next(name for name, w in workers.items() if w in c.worker_nodes)  # still alive
@@ -137,7 +137,7 @@ def test_dqn_cartpole_on_ray_reaches_475(cluster, tmp_path):
         assert run.finish(800) == 0, run.stderr
     finally:
         run.kill()
-    assert reached(run, 475, 50_000) is not None
+    assert reached(run, 475, 50_000) is not None, eval_returns(run)
 
 
 
