@@ -46,16 +46,16 @@ def test_misspelled_hyperparameter_is_caught_at_its_line(tmp_path):
 
 
 def test_wrong_type_in_the_algorithm_is_caught(tmp_path):
-    path = edited(tmp_path, DQN, "  learning_rate: 0.001", "  learning_rate: fast")
+    path = edited(tmp_path, DQN, "  learning_rate: 0.0023", "  learning_rate: fast")
     assert "algorithm.learning_rate: expected a number" in error(path)
 
 
 def test_yaml_12_numbers_reach_the_algorithm_as_numbers(tmp_path):
-    path = edited(tmp_path, DQN, "  learning_rate: 0.001", "  learning_rate: 1e-3")
+    path = edited(tmp_path, DQN, "  learning_rate: 0.0023", "  learning_rate: 2.3e-3")
     graph = graphlib.load(path)
     from nodes._algorithm_config import typed_algorithm
 
-    assert typed_algorithm(graph.configs["learner"]).learning_rate == 0.001
+    assert typed_algorithm(graph.configs["learner"]).learning_rate == 0.0023
 
 
 def test_learner_without_sample_is_refused(tmp_path):
