@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CUDA paths on a machine with a GPU: the CUDA tests, then short graph runs with the
-# learner, the replay store and the unroller on the GPU. About 5 minutes on one H100.
+# learner, the replay store, the unroller and the actor on the GPU. About 7 minutes on one H100.
 #
 #   bash bench/cuda_check.sh            # with the project's dependencies importable
 #
@@ -42,10 +42,12 @@ echo "== CUDA tests"
     tests/test_storage_segment_tree.py tests/test_alg_precision.py \
     tests/test_alg_sac_parallel.py 2>&1 | tail -15
 graph sac 90 graphs/sac_pendulum.yaml --set nodes.learner.device=cuda
-graph dqn_per 110 graphs/dqn_cartpole_per.yaml --set nodes.learner.device=cuda \
+graph dqn_per 240 graphs/dqn_cartpole_per.yaml --set nodes.learner.device=cuda \
     --set nodes.replay_store.device=cuda
 graph ppo 100 graphs/ppo_cartpole.yaml --set nodes.learner.device=cuda \
     --set nodes.unroller.device=cuda
+graph dqn_actor 90 graphs/dqn_cartpole_actor.yaml --set nodes.learner.device=cuda \
+    --set nodes.actor.device=cuda
 graph minatar 70 graphs/dqn_minatar.yaml --set nodes.learner.device=cuda \
     --set nodes.replay_store.device=cuda --set run.duration_s=45
 rm -rf "$runs"
