@@ -71,11 +71,10 @@ class _Request:
 
 
 # The longest an actor steps and acts without letting its event loop run its other tasks
-# (heartbeats, stop and status requests, a coalescing publisher's release). A turn is made
+# (heartbeats, stop and status requests, a coalescing publisher's release). A turn is forced
 # only where the loop has not turned by itself in that time (a send waiting for credit turns
-# it): each turn made costs more than the turn (64 CartPole envs, bench/pipeline_throughput.py
-# --actor: ~8% slower with a turn every 50 ms, 3-5% every 0.25 s; the turns the loop makes
-# anyway cost nothing extra).
+# it): a forced turn costs far more than its own time (64 CartPole envs,
+# bench/pipeline_throughput.py --actor: ~8% slower with one every 50 ms, 2-5% every 0.25 s).
 _LOOP_TURN_S = 0.25
 
 
