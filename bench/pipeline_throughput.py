@@ -2,6 +2,7 @@
 
     python bench/pipeline_throughput.py [--envs-per-runner 256] [--seconds 10]
         [--env-groups 2] [--pin env_runner:0,unroller:1,replay_store:1,supervisor:1] [--actor]
+        [--repeats 5]
 
 For 1, 2 and 4 env runners (each with ``--envs-per-runner`` CartPole-v1 environments), runs the
 real multi-process graph env_runner x N -> unroller (random policy) -> experience -> replay_store
@@ -9,6 +10,8 @@ and measures env steps/s after a warm-up, from the replay store's insert counter
 that went all the way into replay). In the same run it steps ``N * envs-per-runner`` environments
 with random actions in a plain Gymnasium vector env in this one process: the limit the issue
 compares with. Prints a table; the last line is one JSON object with the rates and ratios.
+``--repeats N`` alternates the two N times and reports medians: on a shared 2-core machine
+either rate swings by 10-20% from one run to the next, so one pair can land far from typical.
 The last column sets runner 0's CPU time inside its envs' step, per env step (its
 ``env_step_cpu_s``), beside the one process's time per env step: the same code, so what it
 adds is what the graph's other work costs the envs on their CPU.
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -174,6 +178,10 @@ def main() -> None:
     parser.add_argument("--coalesce", action="store_true",
                         help="coalesce: true on the experience topic (the steps of one turn "
                              "of a runner's loop go as one batch)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="measure each runner count this many times, the graph and the one "
+                             "process alternated; each figure is the median of the repeats and "
+                             "the ratio the median of each pair's ratio")
     parser.add_argument("--pin", default="",
                         help="NAME:CPU,...: pin every thread of these processes (env_runner.0 "
                              "is env_runner, also unroller, replay_store, supervisor) to a CPU")
@@ -185,17 +193,26 @@ def main() -> None:
           f"{'runner wait':>12}{'env.step CPU µs/step graph/1-process':>38}")
     for n in args.runners:
         total = n * args.envs_per_runner
-        ours, (stepping, waiting), env_step_us = graph_rate(
-            n, args.envs_per_runner, args.seconds, args.warmup, args.env_groups, placement,
-            args.actor, args.coalesce)
-        limit = single_process_rate(total, args.seconds)
-        wait_share = waiting / max(stepping + waiting, 1e-9)
+        pairs = []
+        for _ in range(args.repeats):
+            ours, (stepping, waiting), env_step_us = graph_rate(
+                n, args.envs_per_runner, args.seconds, args.warmup, args.env_groups, placement,
+                args.actor, args.coalesce)
+            limit = single_process_rate(total, args.seconds)
+            pairs.append((ours, limit, waiting / max(stepping + waiting, 1e-9), env_step_us))
+            if args.repeats > 1:
+                print(f"{'':>8}{'':>6}{ours:>15.0f}{limit:>19.0f}{ours / limit:>8.2f}", flush=True)
+        ours, limit, wait_share, env_step_us = (statistics.median(p[i] for p in pairs)
+                                                for i in range(4))
+        ratio = statistics.median(p[0] / p[1] for p in pairs)
         alone_us = 1e6 / limit  # the one process does nothing but step
         results[n] = {"graph": round(ours, 1), "single_process": round(limit, 1),
-                      "ratio": round(ours / limit, 3), "runner_wait_share": round(wait_share, 3),
+                      "ratio": round(ratio, 3), "runner_wait_share": round(wait_share, 3),
                       "runner_env_step_cpu_us": round(env_step_us, 2),
                       "single_process_step_us": round(alone_us, 2)}
-        print(f"{n:>8}{total:>6}{ours:>15.0f}{limit:>19.0f}{ours / limit:>8.2f}"
+        if args.repeats > 1:
+            results[n]["ratios"] = [round(p[0] / p[1], 3) for p in pairs]
+        print(f"{n:>8}{total:>6}{ours:>15.0f}{limit:>19.0f}{ratio:>8.2f}"
               f"{wait_share:>12.2f}{env_step_us:>26.2f} / {alone_us:.2f}", flush=True)
     print(json.dumps({"bench": "pipeline_throughput", "env": "CartPole-v1",
                       "envs_per_runner": args.envs_per_runner,
