@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from tests.pipeline_harness import ROOT
+from tests.test_nodes_graph_checks import line_of
 
 
 @pytest.fixture
@@ -41,8 +42,6 @@ def test_graph_load_refuses_runners_beyond_the_replay_store(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0, out.stderr
-    from tests.test_nodes_graph_checks import line_of
-
     line = line_of(os.path.join(ROOT, "graphs", "dqn_cartpole.yaml"), "num_environments:")
     assert "num_environments" in out.stderr and f"dqn_cartpole.yaml:{line}:" in out.stderr
 
