@@ -128,7 +128,7 @@ def run_graph(graph: str, p: Preset, threads: int, seed: int = 0) -> dict:
     """Train through the multi-process graph (``python run.py GRAPH``), stopping at the first
     evaluation that reaches the threshold. Seconds run from the launch of ``run.py`` to that
     evaluation (the evaluator works in its own process, so no time is left out). ``seed`` is
-    added to every node's seed (:func:`seed_overrides`)."""
+    added to every node's seed (``run.py run --seed``)."""
     import tempfile
 
     root = Path(__file__).resolve().parents[1]
@@ -137,7 +137,7 @@ def run_graph(graph: str, p: Preset, threads: int, seed: int = 0) -> dict:
         cmd = [sys.executable, str(root / "run.py"), "run", graph, "--run-dir", run_dir,
                "--quiet", "--set", f"nodes.evaluator.config.stop_at_return={p.threshold}",
                "--set", f"nodes.learner.config.num_threads={threads}"]
-        cmd += seed_overrides(graph, seed)
+        cmd += ["--seed", str(seed)]
         t0 = time.time()
         code = subprocess.run(cmd, cwd=root).returncode
         wall = time.time() - t0
@@ -399,18 +399,6 @@ def graph_eval_interval(graph: str) -> int | None:
     neither side sees the threshold sooner for being looked at more often."""
     return next((config.eval_interval for config in _node_configs(graph).values()
                  if isinstance(getattr(config, "eval_interval", None), int)), None)
-
-
-def seed_overrides(graph: str, offset: int) -> list[str]:
-    """``--set`` arguments adding ``offset`` to the seed of every node of ``graph`` whose
-    config has one (env runner, unroller, learner, replay store, evaluator...): ``--seed N``
-    is a different run of the same graph, and ``--seed 0`` the graph as written."""
-    out = []
-    for name, config in _node_configs(graph).items():
-        seed = getattr(config, "seed", None)
-        if offset and isinstance(seed, int):
-            out += ["--set", f"nodes.{name}.config.seed={seed + offset}"]
-    return out
 
 
 def main(argv=None) -> int:

@@ -70,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("graph", nargs="?", help="graph YAML file")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a graph value, e.g. nodes.learner.config.lr=0.001")
+    r.add_argument("--seed", type=int, default=0, metavar="N",
+                   help="add N to every node's seed: another run of the same graph (default 0: "
+                        "the seeds as written)")
     r.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoint")
     r.add_argument("--run-dir", help="use this run directory instead of runs/<name>/<time>")
     r.add_argument("--quiet", action="store_true", help="no progress line")
@@ -130,12 +133,15 @@ def cmd_run(args) -> int:
             raise UsageError(f"{run_dir}: not a run directory (no graph.yaml)")
         if args.graph:
             raise UsageError("give either GRAPH or --resume RUN_DIR, not both")
+        if args.seed:
+            raise UsageError("--seed starts another run; a resumed run keeps the seeds in its "
+                             "graph.yaml")
     elif not args.graph:
         raise UsageError("missing GRAPH (a YAML file), e.g. python run.py graphs/demo_counter.yaml")
     else:
         graph_path = args.graph
     try:
-        graph = graphlib.load(graph_path, args.set)
+        graph = graphlib.load(graph_path, args.set, args.seed)
     except graphlib.GraphError as exc:
         raise UsageError(str(exc)) from None
     if not args.resume:

@@ -146,8 +146,9 @@ class Graph:
         return waves
 
 
-def load(path: str, overrides: list[str] | tuple = ()) -> Graph:
-    """Read, override (``key.path=value``), and validate a graph file."""
+def load(path: str, overrides: list[str] | tuple = (), seed_offset: int = 0) -> Graph:
+    """Read, override (``key.path=value``), and validate a graph file; ``seed_offset`` as
+    :func:`parse`."""
     try:
         with open(path, "rb") as f:
             raw = f.read(graphyaml.MAX_GRAPH_BYTES + 1)  # never more: the file may be huge
@@ -160,16 +161,36 @@ def load(path: str, overrides: list[str] | tuple = ()) -> Graph:
         text = raw.decode()
     except UnicodeDecodeError as exc:
         raise GraphError(path, None, "", f"not UTF-8 text (byte {exc.start})") from None
-    return parse(text, path, overrides)
+    return parse(text, path, overrides, seed_offset)
 
 
-def parse(text: str, source: str = "<graph>", overrides: list[str] | tuple = ()) -> Graph:
+def parse(text: str, source: str = "<graph>", overrides: list[str] | tuple = (),
+          seed_offset: int = 0) -> Graph:
+    """``seed_offset`` is added to every node's ``seed`` (:func:`_offset_seeds`)."""
     data, lines = graphyaml.read(text, source)
     if not isinstance(data, dict):
         raise GraphError(source, 1, "", "a graph must be a mapping with name, topics, nodes")
     for override in overrides:
         _apply_override(data, override, lines)
-    return _validate(data, lines)
+    graph = _validate(data, lines)
+    if seed_offset:
+        _offset_seeds(data, graph.configs, seed_offset)
+        graph = _validate(data, lines)
+    return graph
+
+
+def _offset_seeds(data: dict, configs: dict, offset: int) -> None:
+    """Add ``offset`` to the integer ``seed`` of every node config that has one, written in
+    the graph or defaulted by its kind: ``run.py run GRAPH --seed N`` is another run of the
+    same graph and ``--seed 0`` the graph as written. The seeds land in the resolved data, so
+    the run directory's ``graph.yaml`` records them and a resume keeps them."""
+    for name, config in configs.items():
+        seed = config.get("seed") if isinstance(config, dict) else getattr(config, "seed", None)
+        if isinstance(seed, int) and not isinstance(seed, bool):
+            spec = data["nodes"][name]
+            if not isinstance(spec.get("config"), dict):
+                spec["config"] = {}
+            spec["config"]["seed"] = seed + offset
 
 
 def _apply_override(data: dict, override: str, lines: Lines) -> None:

@@ -18,7 +18,7 @@ def replay_backend(request, monkeypatch):
 
 @pytest.fixture
 def live_runs(tmp_path):
-    """``start(graph, *overrides, run_dir=None, resume=False)``: ``run.py`` on ``graph`` for
+    """``start(graph, *overrides, run_dir=None, resume=False, seed=0)``: ``run.py`` on ``graph`` for
     real (a :class:`tests.pipeline_harness.LiveRun`), each run in a directory of its own under
     ``tmp_path`` unless given one; every run and its nodes are killed at teardown, whatever
     the test left running."""
@@ -26,9 +26,9 @@ def live_runs(tmp_path):
 
     runs = []
 
-    def start(graph, *overrides, run_dir=None, resume=False):
+    def start(graph, *overrides, run_dir=None, resume=False, seed=0):
         run = LiveRun(run_dir or str(tmp_path / f"run{len(runs)}"), graph, *overrides,
-                      resume=resume)
+                      resume=resume, seed=seed)
         runs.append(run)
         return run
 

@@ -27,10 +27,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 class LiveRun:
     def __init__(self, run_dir: str, graph: str | None, *overrides: str, resume: bool = False,
-                 env: dict | None = None):
+                 env: dict | None = None, seed: int = 0):
         self.run_dir = run_dir
         args = [sys.executable, os.path.join(ROOT, "run.py"), "run", "--quiet"]
         args += ["--resume", run_dir] if resume else [graph, "--run-dir", run_dir]
+        args += ["--seed", str(seed)] if seed else []
         for item in overrides:
             args += ["--set", item]
         self.proc = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, text=True,

@@ -61,17 +61,6 @@ def test_sb3_side_gets_the_graphs_frames_and_network(bench):
     assert extractor(torch.zeros(2, 4, 10, 10)).shape == (2, 1024)
 
 
-def test_seed_n_moves_every_seed_of_the_graph_by_n(bench):
-    """``--seed N`` with ``--graph``: every node's seed plus N (it used to be ignored)."""
-    assert bench.seed_overrides(str(GRAPH), 0) == []
-    sets = bench.seed_overrides(str(ROOT / "graphs" / "dqn_cartpole.yaml"), 2)
-    seeds = dict(item.removeprefix("nodes.").split(".config.seed=")
-                 for item in sets[1::2])
-    assert sets[::2] == ["--set"] * len(seeds)
-    assert seeds == {"env_runner": "2", "unroller": "2", "replay_store": "2", "learner": "2",
-                     "evaluator": "10002"}
-
-
 def test_sb3_evaluates_as_often_as_the_graphs_evaluator(bench):
     assert bench.graph_eval_interval(str(ROOT / "graphs" / "dqn_cartpole.yaml")) == 1000
     assert bench.graph_eval_interval(str(GRAPH)) == 25_000

@@ -4,6 +4,7 @@ line and the key, before any process starts. Each case edits a shipped graph by 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -110,3 +111,26 @@ def test_on_policy_table_matches_the_algorithms():
 
     for name in registry.algorithm_names():
         assert (name in ON_POLICY) == registry.algorithm_class(name).on_policy, name
+
+
+def test_seed_n_moves_every_seed_of_the_graph_by_n():
+    """``run.py run GRAPH --seed N``: every node's seed plus N, those its kind defaults too
+    (the evaluator's 10000), written into the resolved data the run directory keeps."""
+    def seeds(graph):
+        return {name: c.seed for name, c in graph.configs.items() if hasattr(c, "seed")}
+
+    plain, moved = graphlib.load(DQN), graphlib.load(DQN, seed_offset=2)
+    assert seeds(plain) == {"env_runner": 0, "unroller": 0, "replay_store": 0, "learner": 0,
+                            "evaluator": 10000}
+    assert seeds(moved) == {name: seed + 2 for name, seed in seeds(plain).items()}
+    assert moved.raw["nodes"]["evaluator"]["config"]["seed"] == 10002
+    assert graphlib.load(DQN, seed_offset=0).raw == plain.raw
+
+
+def test_a_resumed_run_keeps_its_seeds(tmp_path):
+    shutil.copyfile(DQN, tmp_path / "graph.yaml")
+    result = subprocess.run([sys.executable, "run.py", "run", "--resume", str(tmp_path),
+                             "--seed", "1"], cwd=REPO, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "--seed" in result.stderr

@@ -124,20 +124,26 @@ def test_a_dead_ray_node_s_replica_comes_back_elsewhere_with_nothing_lost(cluste
 def test_dqn_cartpole_on_ray_reaches_475(cluster, tmp_path):
     """graphs/dqn_cartpole.yaml with run.launcher=ray: the learner on a worker Ray node, the
     runner and the replay store on the head, the rest wherever Ray puts them; tcp with CURVE."""
-    from tests.test_graphs_training import eval_returns, graph, reached
+    from tests.test_graphs_training import graph, learned
 
     c, workers = cluster
     box = next(name for name, w in workers.items() if w in c.worker_nodes)  # still alive
-    run = LiveRun(str(tmp_path / "run"), graph("dqn_cartpole"), "run.transport=tcp",
-                  "run.launcher=ray", f"run.ray_address={c.address}",
-                  f"nodes.learner.placement={{resources: {{{box}: 0.5}}}}",
-                  "nodes.replay_store.placement={resources: {head: 0.1}}",
-                  "nodes.env_runner.placement={resources: {head: 0.1}}")
+    runs = []
+
+    def start(seed: int) -> LiveRun:
+        runs.append(LiveRun(str(tmp_path / f"run{seed}"), graph("dqn_cartpole"),
+                            "run.transport=tcp", "run.launcher=ray",
+                            f"run.ray_address={c.address}",
+                            f"nodes.learner.placement={{resources: {{{box}: 0.5}}}}",
+                            "nodes.replay_store.placement={resources: {head: 0.1}}",
+                            "nodes.env_runner.placement={resources: {head: 0.1}}", seed=seed))
+        return runs[-1]
+
     try:
-        assert run.finish(800) == 0, run.stderr
+        learned(start, 475, 50_000, 420)
     finally:
-        run.kill()
-    assert reached(run, 475, 50_000) is not None, eval_returns(run)
+        for run in runs:
+            run.kill()
 
 
 
