@@ -229,6 +229,10 @@ class PpoConfig(_Common):
         None, "null: separate actor and value networks; a list: one encoder plus these "
               "layers shared by both (CleanRL's Atari PPO: [512] with empty actor and value "
               "layers), half the convolutions of an image update", range=_POSITIVE)
+    rnn_size: int | None = _f(None, "hidden size of a GRU between the encoder and the heads: "
+                                    "a recurrent policy trained on whole env columns of "
+                                    "mini_batch_size // T each (null = feed-forward)",
+                              minimum=1)
 
 
 @dataclass(frozen=True, kw_only=True)

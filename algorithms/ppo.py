@@ -15,17 +15,27 @@ and a restarted learner resumes the schedule). ``orthogonal_init`` initializes e
 the PPO implementation study (Andrychowicz et al. 2021; Huang et al. 2022, "37 implementation
 details") found to matter: orthogonal weights with gain sqrt(2), zero biases, gain 0.01 on the
 policy head (near-uniform first policy) and 1 on the value head.
+
+With ``rnn_size`` the policy is recurrent: GRU cells between the encoder and the heads, one for
+the actor and one for the value network (:class:`RecurrentCores`), their hidden state carried
+per environment by whoever acts (``get_initial_state``, ``AlgStep.state``) and zeroed at each
+episode's FIRST step. ``rollout_step`` stores the state it started from in
+``rollout_info["state"]``; training re-runs the GRU over each environment's rows from the state
+of the unroll's first row (backpropagation through the unroll, no burn-in), so mini-batches are
+whole environment columns, ``mini_batch_size // T`` of them (at least one).
 """
 
 from __future__ import annotations
 
 import math
 
+import gymnasium as gym
+import numpy as np
 import torch
 from torch import nn
 
 from algorithms.base import RLAlgorithm, _scalars
-from algorithms.data import AlgStep, Experience, LossInfo, TimeStep, TrainResult
+from algorithms.data import AlgStep, Experience, LossInfo, StepType, TimeStep, TrainResult
 from algorithms.losses import PPOLoss, advantages_and_returns
 from algorithms.networks import (
     ActorDistributionNetwork,
@@ -49,6 +59,24 @@ def orthogonal_init_(network: nn.Module, head_gain: float | None = None) -> None
                 nn.init.zeros_(m.bias)
         if head_gain is not None:
             nn.init.orthogonal_(network.head.weight, head_gain)
+
+
+class RecurrentCores(nn.Module):
+    """A GRU cell for the actor and one for the value network, their states side by side in
+    one ``[B, 2 * size]`` tensor (so whoever acts keeps one state per env).
+
+    Why two (SB3's ``enable_critic_lstm``): through one shared cell the value loss's gradient,
+    clipped together with the policy's (``max_grad_norm``), left the policy's too small to
+    move it off uniform for tens of thousands of env steps."""
+
+    def __init__(self, input_size: int, size: int):
+        super().__init__()
+        self.size, self.hidden_size = size, 2 * size
+        self.actor = nn.GRUCell(input_size, size)
+        self.value = nn.GRUCell(input_size, size)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.actor(x, h[:, :self.size]), self.value(x, h[:, self.size:])], 1)
 
 
 class PPOAlgorithm(RLAlgorithm):
@@ -76,6 +104,8 @@ class PPOAlgorithm(RLAlgorithm):
         linearly to 0 (None = constant).
     shared_encoder_fc_layer_params: None = separate actor and value networks; a list = one
         encoder plus these layers shared by both (see ``actor_critic_trunk``).
+    rnn_size: hidden size of a GRU cell between the (then shared) encoder and the heads: a
+        recurrent policy (see the module doc); None = feed-forward.
     """
 
     on_policy = True
@@ -92,13 +122,21 @@ class PPOAlgorithm(RLAlgorithm):
                  activation: str = "tanh", orthogonal_init: bool = False,
                  learning_rate_anneal_steps: int | None = None, device="cpu",
                  encoder: str = "mlp", image_layout: str = "auto", data_transformers=(),
-                 precision: str = "float32", shared_encoder_fc_layer_params=None):
+                 precision: str = "float32", shared_encoder_fc_layer_params=None,
+                 rnn_size: int | None = None):
         super().__init__(observation_space, action_space, device, max_grad_norm,
                          encoder=encoder, image_layout=image_layout,
                          data_transformers=data_transformers, precision=precision)
         act = ACTIVATIONS[activation]
+        if rnn_size is not None and shared_encoder_fc_layer_params is None:
+            shared_encoder_fc_layer_params = []  # the GRU takes one feature vector
         self.encoding_network, heads_in, heads_kwargs = actor_critic_trunk(
             self.input_space, shared_encoder_fc_layer_params, self.net_kwargs, act)
+        self.rnn = None
+        if rnn_size is not None:
+            self.rnn = RecurrentCores(heads_in.shape[0], rnn_size)
+            heads_in = gym.spaces.Box(-np.inf, np.inf, (rnn_size,), np.float32)
+            self._policy_modules = (*type(self)._policy_modules, "rnn")
         self.actor_network = ActorDistributionNetwork(
             heads_in, action_space, actor_fc_layer_params, activation=act,
             continuous_projection="normal", init_std=init_std, last_layer_scale=0.01,
@@ -136,20 +174,48 @@ class PPOAlgorithm(RLAlgorithm):
         done = int(self.trained_env_steps) / self.learning_rate_anneal_steps
         return self.learning_rate * max(0.0, 1.0 - done)
 
+    def get_initial_state(self, batch_size: int):
+        """The GRU's zero state ``[batch_size, rnn_size]``, or ``()`` when feed-forward."""
+        if self.rnn is None:
+            return ()
+        return torch.zeros(batch_size, self.rnn.hidden_size, device=self.device)
+
+    def _recur(self, features: torch.Tensor, step_type, state):
+        """One step of the recurrent core: ``(heads' input, new state, the state it started
+        from)``; the state is zeroed where an episode starts. Feed-forward: the features."""
+        if self.rnn is None:
+            return features, state, None
+        if not isinstance(state, torch.Tensor):  # a caller that keeps no state: zeros
+            state = self.get_initial_state(features.shape[0])
+        first = torch.as_tensor(step_type, device=self.device) == StepType.FIRST
+        start = torch.where(first[:, None], torch.zeros_like(state), state)
+        h = self.rnn(features, start)
+        return h, h, start
+
+    def _actor_in(self, core: torch.Tensor) -> torch.Tensor:
+        return core if self.rnn is None else core[:, :self.rnn.size]
+
+    def _value_in(self, core: torch.Tensor) -> torch.Tensor:
+        return core if self.rnn is None else core[:, self.rnn.size:]
+
     @torch.no_grad()
     def predict_step(self, time_step: TimeStep, state=()) -> AlgStep:
-        dist = self.actor_network(self.encoding_network(self._policy_input(time_step)))
-        return AlgStep(output=distribution_mode(dist), state=state, info={})
+        features = self.encoding_network(self._policy_input(time_step))
+        core, state, _ = self._recur(features, time_step.step_type, state)
+        return AlgStep(output=distribution_mode(self.actor_network(self._actor_in(core))),
+                       state=state, info={})
 
     @torch.no_grad()
     def rollout_step(self, time_step: TimeStep, state=()) -> AlgStep:
         obs = self._policy_input(time_step)
-        features = self.encoding_network(obs)
-        dist = self.actor_network(features)
+        core, state, start = self._recur(self.encoding_network(obs), time_step.step_type, state)
+        dist = self.actor_network(self._actor_in(core))
         action = dist.sample()
         self._count_env_steps(obs.shape[0])
-        return AlgStep(output=action, state=state, info={
-            "log_prob": dist.log_prob(action), "value": self.value_network(features)})
+        info = {"log_prob": dist.log_prob(action), "value": self.value_network(self._value_in(core))}
+        if start is not None:
+            info["state"] = start
+        return AlgStep(output=action, state=state, info=info)
 
     def train_step(self, experience: Experience, state=()) -> AlgStep:
         """A flat mini-batch ``[N]`` of ``observation``, ``action`` and ``rollout_info``
@@ -160,6 +226,56 @@ class PPOAlgorithm(RLAlgorithm):
         return AlgStep(info={
             "log_prob": dist.log_prob(exp.action), "entropy": dist.entropy(),
             "value": self.value_network(features), "rollout": exp.rollout_info})
+
+    def _train_columns(self, exp: Experience, keep: torch.Tensor, targets: dict,
+                       cols: torch.Tensor) -> dict:
+        """The recurrent ``train_step``: the GRU re-run over rows ``0..T-1`` of env columns
+        ``cols`` from the state their first row started from, then the heads on the rows
+        that have a transition (``keep``)."""
+        obs = exp.observation[:-1, cols]
+        T, n = obs.shape[:2]
+        features = self.encoding_network(obs.flatten(0, 1)).view(T, n, -1)
+        first = exp.step_type[:-1, cols] == StepType.FIRST
+        h = exp.rollout_info["state"][0, cols]
+        outputs = []
+        for t in range(T):
+            h = self.rnn(features[t], torch.where(first[t, :, None], torch.zeros_like(h), h))
+            outputs.append(h)
+        mask = keep[:, cols].flatten()
+        core = torch.stack(outputs).flatten(0, 1)[mask]
+        dist = self.actor_network(self._actor_in(core))
+        action = exp.action[:-1, cols].flatten(0, 1)[mask]
+        return {"log_prob": dist.log_prob(action), "entropy": dist.entropy(),
+                "value": self.value_network(self._value_in(core)),
+                "rollout": {k: v[:, cols].flatten(0, 1)[mask] for k, v in targets.items()}}
+
+    def _mini_batches(self, exp: Experience, keep: torch.Tensor, targets: dict):
+        """``(epoch, step)``: ``epoch()`` yields one epoch's shuffled mini-batches and
+        ``step(mini_batch)`` is their ``train_step`` info. Feed-forward: mini-batches of
+        ``mini_batch_size`` rows; recurrent: of whole env columns (see the module doc)."""
+        if self.rnn is not None:
+            T, B = keep.shape
+            per_batch = max(1, self.mini_batch_size // T)
+
+            def columns():
+                perm = torch.randperm(B, device=self.device)
+                yield from (perm[i:i + per_batch] for i in range(0, B, per_batch))
+
+            return columns, lambda cols: self._train_columns(exp, keep, targets, cols)
+        flat_keep = keep.flatten()
+        flat = lambda x: x.flatten(0, 1)[flat_keep]  # noqa: E731
+        data = Experience(observation=flat(exp.observation[:-1]), action=flat(exp.action[:-1]),
+                          rollout_info={k: flat(v) for k, v in targets.items()})
+        n = int(flat_keep.sum())
+
+        def rows():
+            perm = torch.randperm(n, device=self.device)
+            for start in range(0, n, self.mini_batch_size):
+                idx = perm[start:start + self.mini_batch_size]
+                yield Experience(observation=data.observation[idx], action=data.action[idx],
+                                 rollout_info={k: v[idx] for k, v in data.rollout_info.items()})
+
+        return rows, lambda mb: self.train_step(mb).info
 
     def calc_loss(self, info) -> LossInfo:
         r = info["rollout"]
@@ -172,13 +288,9 @@ class PPOAlgorithm(RLAlgorithm):
         info = exp.rollout_info
         adv, ret = advantages_and_returns(exp.step_type, exp.reward, exp.discount,
                                           info["value"], self.gamma, self.td_lambda)
-        keep = valid_mask(exp.step_type).flatten().bool()
-        flat = lambda x: x[:-1].flatten(0, 1)[keep]  # noqa: E731
-        data = Experience(observation=flat(exp.observation), action=flat(exp.action),
-                          rollout_info={"log_prob": flat(info["log_prob"]),
-                                        "advantages": adv.flatten()[keep],
-                                        "returns": ret.flatten()[keep]})
-        n = int(keep.sum())
+        keep = valid_mask(exp.step_type).bool()
+        epoch, step = self._mini_batches(exp, keep, {
+            "log_prob": info["log_prob"][:-1], "advantages": adv, "returns": ret})
         lr = self.current_learning_rate()
         for opt in self.optimizers.values():
             for group in opt.param_groups:
@@ -188,13 +300,9 @@ class PPOAlgorithm(RLAlgorithm):
         sums: dict[str, torch.Tensor] = {}
         count = 0
         for _ in range(self.num_epochs):
-            perm = torch.randperm(n, device=self.device)
-            for start in range(0, n, self.mini_batch_size):
-                idx = perm[start:start + self.mini_batch_size]
-                mb = Experience(observation=data.observation[idx], action=data.action[idx],
-                                rollout_info={k: v[idx] for k, v in data.rollout_info.items()})
+            for mb in epoch():
                 with self.training_precision():
-                    loss_info = self.calc_loss(self.train_step(mb).info)
+                    loss_info = self.calc_loss(step(mb))
                 total = self._apply_gradient(loss_info)
                 for k, v in {"loss/total": total, **loss_info.extra}.items():
                     if isinstance(v, torch.Tensor):

@@ -10,6 +10,9 @@ runner's actions, and publishes what was collected:
   is bounded: after ``max_unrolls_per_version`` unrolls collected with one parameter version it
   waits for a newer one.
 
+A recurrent policy's state (PPO's ``rnn_size``) is kept here per environment, by runner and
+env id, and goes out with each step in ``rollout_info.state``, which training starts from.
+
 It waits for the learner's first parameters before acting, so every process starts from the
 same network. Parameters are taken when newer by ``(epoch, version)``: a restarted learner,
 whose version restarted from a checkpoint, is followed at once (:class:`~nodes.messages.Params`).
@@ -99,6 +102,12 @@ class Unroller:
         # sends each group's steps apart and each group's unroll must hold its own envs.
         self.rows: dict[tuple[str, int], list[dict]] = {}
         self.states: dict[str, object] = {}
+        # A recurrent policy's state per environment, (runner, env id) -> [state]: the batch
+        # of one act holds whichever runners asked, so each env's state is gathered and kept
+        # by its id. Not checkpointed: a new incarnation starts each env from the zero state
+        # (as an episode start would).
+        self.recurrent = isinstance(self.alg.get_initial_state(1), torch.Tensor)
+        self.hidden: dict[tuple[str, int], torch.Tensor] = {}
         self.probe = ProbeLog(node.status, config.probe_observation)
 
     def load_params(self, envelope) -> None:
@@ -138,8 +147,11 @@ class Unroller:
         steps = [r.message for r in requests]
         sizes = [len(s.time_step["step_type"]) for s in steps]
         ts = _batched_time_step(steps)
+        keys, state = self.gather_state(steps, sizes)
         with torch.no_grad():
-            alg_step = self.alg.rollout_step(ts, ())
+            alg_step = self.alg.rollout_step(ts, state)
+        if keys:
+            self.hidden.update(zip(keys, alg_step.state.unbind(), strict=True))
         action = to_numpy(alg_step.output)
         info = to_numpy(dict(alg_step.info or {}))
         self.env_steps += int(sum(sizes))
@@ -164,6 +176,16 @@ class Unroller:
         for i, s in enumerate(steps):
             lo, hi = bounds[i], bounds[i + 1]
             await self.collect((s.runner, s.env_offset), {k: v[lo:hi] for k, v in rows.items()})
+
+    def gather_state(self, steps: list, sizes: list[int]) -> tuple[list, object]:
+        """``(keys, state)``: each env's id and its recurrent state stacked in batch order,
+        the zero state for an env not seen yet; ``([], ())`` for a feed-forward policy."""
+        if not self.recurrent:
+            return [], ()
+        keys = [(s.runner, s.env_offset + j) for s, n in zip(steps, sizes, strict=True)
+                for j in range(n)]
+        zero = self.alg.get_initial_state(1)[0]
+        return keys, torch.stack([self.hidden.get(k, zero) for k in keys])
 
     async def send_experience(self, batch: ExperienceBatch, key: int | None = None) -> None:
         """Recorded before it is handed to the transport: the ledger never counts less than

@@ -9,7 +9,8 @@ Three families, told apart by the id:
 * MinAtar (``MinAtar/<Game>-v0|v1``): :mod:`algorithms.envs.minatar`, the ``[minatar]`` extra;
   ``env_kwargs`` are :class:`~algorithms.envs.minatar.MinAtarOptions`.
 * any other registered Gymnasium id: ``gymnasium.make_vec`` (sync), ``env_kwargs`` go to
-  ``gymnasium.make``.
+  ``gymnasium.make``; :mod:`algorithms.envs.pomdp` registers the partially observed ones
+  (``CartPoleNoVelocity-v1``).
 
 Every env it makes is a ``NEXT_STEP`` autoreset vector env (the step after a terminated or
 truncated one is a reset, reward 0), which :class:`algorithms.steps.VectorEnvStepper` turns into
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import gymnasium as gym
 
-from algorithms.envs import atari, minatar
+from algorithms.envs import atari, minatar, pomdp
+
+pomdp.register()
 
 
 def check_env_id(env_id: str, env_kwargs: dict | None = None) -> None:
