@@ -88,6 +88,18 @@ PRESETS: dict[str, Preset] = {
                        importance_ratio_clipping=0.2, entropy_regularization=0.0,
                        td_loss_weight=0.5, num_epochs=20, mini_batch_size=256),
         trainer=dict(num_envs=8, unroll_length=32, eval_interval=5000)),
+    # Recurrent PPO on CartPole without its velocities: RL Zoo's RecurrentPPO settings for
+    # CartPoleNoVel-v1 (64-unit cells, a critic of its own, ReLU, learning rate 1e-3 decaying
+    # to 0 over 100k env steps), with GRU cells after a 64-unit layer.
+    "ppo-CartPoleNoVelocity-v1": Preset(
+        "ppo", "CartPoleNoVelocity-v1", 150_000, 475.0,
+        algorithm=dict(shared_encoder_fc_layer_params=(64,), rnn_size=64,
+                       actor_fc_layer_params=(64,), value_fc_layer_params=(64,),
+                       activation="relu", learning_rate=1e-3,
+                       learning_rate_anneal_steps=100_000, gamma=0.98, td_lambda=0.8,
+                       importance_ratio_clipping=0.2, entropy_regularization=0.0,
+                       td_loss_weight=0.5, num_epochs=20, mini_batch_size=256),
+        trainer=dict(num_envs=8, unroll_length=32, eval_interval=5000)),
     "a2c-CartPole-v1": Preset(
         "a2c", "CartPole-v1", 300_000, 450.0,
         algorithm=dict(actor_fc_layer_params=(64, 64), value_fc_layer_params=(64, 64),
@@ -100,18 +112,14 @@ PRESETS: dict[str, Preset] = {
 
 def make_algorithm(p: Preset, seed: int, device="cpu"):
     """The preset's algorithm with its weights initialized from ``seed``."""
-    import gymnasium as gym
     import torch
 
     import algorithms
+    from algorithms.envs import env_spaces
 
     torch.manual_seed(seed)
-    env = gym.make(p.env_id)
-    try:
-        return algorithms.make(p.algo, env.observation_space, env.action_space, device=device,
-                               **p.algorithm)
-    finally:
-        env.close()
+    obs_space, action_space = env_spaces(p.env_id)
+    return algorithms.make(p.algo, obs_space, action_space, device=device, **p.algorithm)
 
 
 def get_preset(algo: str, env_id: str) -> Preset:

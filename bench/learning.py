@@ -51,7 +51,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from algorithms.data import AlgStep  # noqa: E402
+from algorithms.data import AlgStep, StepType  # noqa: E402
 from algorithms.evaluation import evaluate  # noqa: E402
 from algorithms.presets import Preset, get_preset, make_algorithm  # noqa: E402
 from algorithms.sync_trainer import TrainerConfig, train  # noqa: E402
@@ -157,16 +157,25 @@ def run_graph(graph: str, p: Preset, threads: int, seed: int = 0) -> dict:
 
 
 class _Sb3Policy:
-    """Adapter so ``algorithms.evaluation.evaluate`` can run an SB3 model greedily."""
+    """Adapter so ``algorithms.evaluation.evaluate`` can run an SB3 model greedily; a
+    recurrent one (sb3-contrib's ``RecurrentPPO``) with its LSTM states carried per env and
+    reset where an episode starts."""
 
     def __init__(self, model):
         self.model = model
+        self.recurrent = type(model).__name__ == "RecurrentPPO"
 
     def get_initial_state(self, batch_size):
         return ()
 
     def predict_step(self, time_step, state=()):
-        action, _ = self.model.predict(np.asarray(time_step.observation), deterministic=True)
+        obs = np.asarray(time_step.observation)
+        if not self.recurrent:
+            action, _ = self.model.predict(obs, deterministic=True)
+            return AlgStep(output=action, state=state)
+        starts = np.asarray(time_step.step_type) == StepType.FIRST
+        action, state = self.model.predict(obs, state=state or None, episode_start=starts,
+                                           deterministic=True)
         return AlgStep(output=action, state=state)
 
 
@@ -310,6 +319,8 @@ def _sb3_model(p: Preset, env, seed: int):
                            target_noise_clip=0.5, **kw)
         return sb3.DDPG("MlpPolicy", env, **kw)
     net = dict(pi=list(a["actor_fc_layer_params"]), vf=list(a["value_fc_layer_params"]))
+    if p.algo == "ppo" and a.get("rnn_size"):
+        return _recurrent_ppo(p, env, net, common)
     if p.algo == "ppo":
         return sb3.PPO(
             "MlpPolicy", env, learning_rate=a["learning_rate"], n_steps=t["unroll_length"],
@@ -325,6 +336,28 @@ def _sb3_model(p: Preset, env, seed: int):
             max_grad_norm=0.5, normalize_advantage=a.get("normalize_advantages", False),
             use_rms_prop=False, policy_kwargs=dict(net_arch=net), **common)
     raise ValueError(p.algo)
+
+
+def _recurrent_ppo(p: Preset, env, net: dict, common: dict):
+    """sb3-contrib's RecurrentPPO with RL Zoo's policy for CartPoleNoVel-v1: LSTM cells of
+    ``rnn_size`` for the actor and (``enable_critic_lstm``) the critic straight after the
+    observation, ReLU heads, no orthogonal init; our learning-rate decay over
+    ``learning_rate_anneal_steps`` as a schedule over SB3's budget."""
+    from sb3_contrib import RecurrentPPO
+    from torch import nn
+
+    a, t = p.algorithm, p.trainer
+    lr, anneal = a["learning_rate"], a.get("learning_rate_anneal_steps")
+    schedule = (lambda left: lr * max(0.0, 1.0 - (1.0 - left) * p.budget / anneal)) \
+        if anneal else lr
+    return RecurrentPPO(
+        "MlpLstmPolicy", env, learning_rate=schedule, n_steps=t["unroll_length"],
+        batch_size=a["mini_batch_size"], n_epochs=a["num_epochs"], gamma=a["gamma"],
+        gae_lambda=a["td_lambda"], clip_range=a["importance_ratio_clipping"],
+        ent_coef=a["entropy_regularization"], vf_coef=a["td_loss_weight"], max_grad_norm=0.5,
+        policy_kwargs=dict(ortho_init=False, activation_fn=nn.ReLU,
+                           lstm_hidden_size=a["rnn_size"], enable_critic_lstm=True,
+                           net_arch=net), **common)
 
 
 def run_sb3_process(algo: str, env: str, seed: int, threads: int,
@@ -345,6 +378,8 @@ def run_sb3(p: Preset, seed: int, threads: int, launched_at: float | None = None
             eval_interval: int | None = None) -> dict | None:
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
+
+    import algorithms.envs  # noqa: F401  (registers CartPoleNoVelocity-v1 with Gymnasium)
 
     torch.set_num_threads(threads)
     n = p.trainer.get("num_envs", 1)

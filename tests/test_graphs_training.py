@@ -135,6 +135,7 @@ def test_sigint_then_resume_continues_where_it_stopped(live, tmp_path):
 @pytest.mark.timeout(2400)
 @pytest.mark.parametrize("name,threshold,budget", [
     ("ppo_cartpole", 475, 100_000),
+    ("ppo_cartpole_novelocity", 475, 150_000),
     ("dqn_cartpole_per", 475, 50_000),
     ("dqn_cartpole_sharded", 475, 50_000),
     ("sac_pendulum", -200, 20_000),
