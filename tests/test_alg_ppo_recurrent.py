@@ -12,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+import yaml
 
 import algorithms
 from algorithms.configs import parse
@@ -130,57 +131,52 @@ def test_rnn_size_is_checked_at_load():
     assert parse({"name": "ppo", "rnn_size": 64}).rnn_size == 64
 
 
-GRAPH = """
+ALGORITHM = "{name: ppo, rnn_size: 8, actor_fc_layer_params: [8], value_fc_layer_params: [8]}"
+
+
+def _graph(acting: str, stop_when: str) -> str:
+    """A graph of the ``acting`` nodes (YAML), which publish ``trajectories`` for the replay
+    checker in the learner's place."""
+    return f"""
 name: recurrent_unrolls
 topics:
-  trajectories: {delivery: reliable, hwm: 4}
-  params: {delivery: latest, hwm: 4}
+  trajectories: {{delivery: reliable, hwm: 4}}
+  params: {{delivery: latest, hwm: 4}}
 nodes:
+{acting}
+  learner:
+    kind: "tests.test_alg_ppo_recurrent:replay_checker"
+    subscribes: [trajectories]
+    publishes: [params]
+run:
+  stop_when: [{stop_when}, learner]
+  duration_s: 100
+"""
+
+
+RUNNERS = _graph(f"""
   runner_a:
     kind: env_runner
-    config: {env_id: CartPoleNoVelocity-v1, num_envs: 4, env_groups: 2, max_steps: 240, seed: 1}
+    config: {{env_id: CartPoleNoVelocity-v1, num_envs: 4, env_groups: 2, max_steps: 240, seed: 1}}
     calls: [policy]
   runner_b:
     kind: env_runner
-    config: {env_id: CartPoleNoVelocity-v1, num_envs: 2, max_steps: 240, seed: 2}
+    config: {{env_id: CartPoleNoVelocity-v1, num_envs: 2, max_steps: 240, seed: 2}}
     calls: [policy]
   unroller:
     kind: unroller
-    config: {env_id: CartPoleNoVelocity-v1, unroll_length: 8, algorithm: ALGORITHM}
+    config: {{env_id: CartPoleNoVelocity-v1, unroll_length: 8, algorithm: {ALGORITHM}}}
     serves: [policy]
     subscribes: [params]
-    publishes: [trajectories]
-  learner:
-    kind: "tests.test_alg_ppo_recurrent:replay_checker"
-    subscribes: [trajectories]
-    publishes: [params]
-run:
-  stop_when: [runner_a, runner_b, learner]
-  duration_s: 100
-"""
+    publishes: [trajectories]""", "runner_a, runner_b")
 
-ACTOR_GRAPH = """
-name: recurrent_actor
-topics:
-  trajectories: {delivery: reliable, hwm: 4}
-  params: {delivery: latest, hwm: 4}
-nodes:
+ACTOR = _graph(f"""
   actor:
     kind: actor
-    config: {env_id: CartPoleNoVelocity-v1, num_envs: 4, env_groups: 2, max_steps: 480,
-             unroll_length: 8, algorithm: ALGORITHM}
+    config: {{env_id: CartPoleNoVelocity-v1, num_envs: 4, env_groups: 2, max_steps: 480,
+             unroll_length: 8, algorithm: {ALGORITHM}}}
     subscribes: [params]
-    publishes: [trajectories]
-  learner:
-    kind: "tests.test_alg_ppo_recurrent:replay_checker"
-    subscribes: [trajectories]
-    publishes: [params]
-run:
-  stop_when: [actor, learner]
-  duration_s: 100
-"""
-
-ALGORITHM = "{name: ppo, rnn_size: 8, actor_fc_layer_params: [8], value_fc_layer_params: [8]}"
+    publishes: [trajectories]""", "actor")
 
 
 async def replay_checker(config, node, ready):
@@ -194,8 +190,7 @@ async def replay_checker(config, node, ready):
     from nodes.messages import Params
 
     spec = SimpleNamespace(env_id="CartPoleNoVelocity-v1", env_kwargs={},
-                           algorithm={"name": "ppo", "rnn_size": 8, "actor_fc_layer_params": [8],
-                                      "value_fc_layer_params": [8]})
+                           algorithm=yaml.safe_load(ALGORITHM))  # the unroller's algorithm
     alg = make_algorithm(spec, "cpu")
     params, unrolls = node.bus.publisher("params"), node.bus.subscriber("trajectories")
     ready()
@@ -215,12 +210,12 @@ async def replay_checker(config, node, ready):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("text", [GRAPH, ACTOR_GRAPH], ids=["unroller", "actor"])
+@pytest.mark.parametrize("text", [RUNNERS, ACTOR], ids=["unroller", "actor"])
 def test_each_env_keeps_its_own_state_through_the_graph(tmp_path, text):
     """Two runners (one in two env groups) share the unroller's batches; an actor batches its
     own groups. Every row the unroll checker replays matches the rollout, episodes ending
     inside unrolls included."""
-    graph = graphlib.parse(text.replace("ALGORITHM", ALGORITHM), "recurrent.yaml")
+    graph = graphlib.parse(text, "recurrent.yaml")
     summaries = asyncio.run(asyncio.wait_for(run_graph(graph, str(tmp_path)), 110))
     counts = summaries["learner.0"]
     assert counts["unrolls"] >= 20 and counts["episodes_started"] > 0, counts
