@@ -61,6 +61,11 @@ def orthogonal_init_(network: nn.Module, head_gain: float | None = None) -> None
             nn.init.orthogonal_(network.head.weight, head_gain)
 
 
+def _zeroed_at(first: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    """``state [B, H]`` with the rows of envs whose episode starts here (``first [B]``) zeroed."""
+    return torch.where(first[:, None], torch.zeros_like(state), state)
+
+
 class RecurrentCores(nn.Module):
     """A GRU cell for the actor and one for the value network, their states side by side in
     one ``[B, 2 * size]`` tensor (so whoever acts keeps one state per env).
@@ -187,8 +192,8 @@ class PPOAlgorithm(RLAlgorithm):
             return features, state, None
         if not isinstance(state, torch.Tensor):  # a caller that keeps no state: zeros
             state = self.get_initial_state(features.shape[0])
-        first = torch.as_tensor(step_type, device=self.device) == StepType.FIRST
-        start = torch.where(first[:, None], torch.zeros_like(state), state)
+        start = _zeroed_at(torch.as_tensor(step_type, device=self.device) == StepType.FIRST,
+                           state)
         h = self.rnn(features, start)
         return h, h, start
 
@@ -239,7 +244,7 @@ class PPOAlgorithm(RLAlgorithm):
         h = exp.rollout_info["state"][0, cols]
         outputs = []
         for t in range(T):
-            h = self.rnn(features[t], torch.where(first[t, :, None], torch.zeros_like(h), h))
+            h = self.rnn(features[t], _zeroed_at(first[t], h))
             outputs.append(h)
         mask = keep[:, cols].flatten()
         core = torch.stack(outputs).flatten(0, 1)[mask]

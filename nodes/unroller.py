@@ -105,8 +105,10 @@ class Unroller:
         # A recurrent policy's state per environment, (runner, env id) -> [state]: the batch
         # of one act holds whichever runners asked, so each env's state is gathered and kept
         # by its id. Not checkpointed: a new incarnation starts each env from the zero state
-        # (as an episode start would).
-        self.recurrent = isinstance(self.alg.get_initial_state(1), torch.Tensor)
+        # (as an episode start would). ``zero_state`` is one env's initial state, None when the
+        # policy is feed-forward.
+        zero = self.alg.get_initial_state(1)
+        self.zero_state = zero[0] if isinstance(zero, torch.Tensor) else None
         self.hidden: dict[tuple[str, int], torch.Tensor] = {}
         self.probe = ProbeLog(node.status, config.probe_observation)
 
@@ -180,12 +182,11 @@ class Unroller:
     def gather_state(self, steps: list, sizes: list[int]) -> tuple[list, object]:
         """``(keys, state)``: each env's id and its recurrent state stacked in batch order,
         the zero state for an env not seen yet; ``([], ())`` for a feed-forward policy."""
-        if not self.recurrent:
+        if self.zero_state is None:
             return [], ()
         keys = [(s.runner, s.env_offset + j) for s, n in zip(steps, sizes, strict=True)
                 for j in range(n)]
-        zero = self.alg.get_initial_state(1)[0]
-        return keys, torch.stack([self.hidden.get(k, zero) for k in keys])
+        return keys, torch.stack([self.hidden.get(k, self.zero_state) for k in keys])
 
     async def send_experience(self, batch: ExperienceBatch, key: int | None = None) -> None:
         """Recorded before it is handed to the transport: the ledger never counts less than
