@@ -1,8 +1,26 @@
 """Fixtures shared by several test files."""
 
+import random
+
+import numpy as np
 import pytest
+import torch
 
 from storage import arrays
+
+# The random state every test starts from. A test that needs other numbers draws them from a
+# generator of its own; none may depend on what the tests before it drew.
+TEST_SEED = 0
+
+
+@pytest.fixture(autouse=True)
+def _known_random_state():
+    """Seed Python's ``random``, NumPy's global generator and torch (CPU and every CUDA device)
+    before each test, so no test's outcome depends on which tests ran before it, or how far a
+    threshold-stopped learning test got (the suite runs in random order: pytest-randomly)."""
+    random.seed(TEST_SEED)
+    np.random.seed(TEST_SEED)
+    torch.manual_seed(TEST_SEED)  # seeds the CUDA generators too, where there are any
 
 
 @pytest.fixture(params=["fused", "reference", "cpu-torch-path"])
