@@ -6,7 +6,7 @@ load (and the evaluator, before its first evaluation) can check a config cheaply
 
 Every field has a one-line ``doc``; ``minimum`` (inclusive) and ``range`` (an interval such as
 ``"(0, 1]"``, applied to each element of a list) say which values are allowed. A mistake is a
-:class:`pipeline.config.ConfigError` whose ``key`` is the dotted path, e.g.
+:class:`typedconfig.ConfigError` whose ``key`` is the dotted path, e.g.
 ``algorithm.gamam: unknown key`` or ``algorithm.learning_rate: expected a number, got str '3e-4'``.
 """
 
@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pipeline.config import ConfigError, build
+from typedconfig import ConfigError, build
 
 Encoder = Literal["mlp", "nature_cnn", "impala", "minatar_cnn"]
 ImageLayout = Literal["auto", "hwc", "chw"]

@@ -7,8 +7,8 @@ file:line, before any process starts.
 
 from __future__ import annotations
 
-from pipeline.config import ConfigError
 from pipeline.kinds import register_graph_check
+from typedconfig import ConfigError
 
 # Kinds whose ``env_id``/``env_kwargs`` describe the one environment of the run, in the order
 # the first one is taken as the reference (the runner steps it; the others size networks or

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.config import ConfigError
 from storage import BetaSchedule, MaxStaleness, MaxUse, SampleStatistics, ThroughputMonitor
+from typedconfig import ConfigError
 
 
 @dataclass(frozen=True)

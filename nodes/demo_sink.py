@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.config import ConfigError
 from pipeline.messages import Record
 from pipeline.ports import Port, Ports
+from typedconfig import ConfigError
 
 FLUSH_EVERY = 256  # records counted but not yet on disk before the state is written
 FLUSH_DELAY_S = 0.01  # and at most this long after the first of them (an idle input)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.config import ConfigError
 from pipeline.messages import Record
 from pipeline.ports import Port, Ports
+from typedconfig import ConfigError
 
 
 @dataclass(frozen=True)

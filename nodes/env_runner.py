@@ -26,8 +26,8 @@ import numpy as np
 from algorithms.envs import make_env as make_vector_env
 from algorithms.steps import StepType, TimeStep, VectorEnvStepper
 from nodes.messages import ActionBatch, Metrics, TimeStepBatch
-from pipeline.config import ConfigError
 from pipeline.ports import Port, Ports, Service
+from typedconfig import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import time
 
 import yaml
 
-from pipeline import config as configlib
+import typedconfig as configlib
 from pipeline import kinds
 from pipeline.graph import MAX_REPLICAS, Graph, resolve_kind
 from pipeline.watcher import RunFailed, Watcher

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from pipeline import config as configlib
+import typedconfig as configlib
 from pipeline import graphyaml, kinds, ports
 from pipeline.graphyaml import GraphError, Lines
 from pipeline.topics import DELIVERY_CLASSES, HWM_BYTES, RELIABLE, partition_group

@@ -11,7 +11,7 @@ A kind module defines ``async def run(config, node, ready)`` (``node`` is a
 * ``Config``: a frozen dataclass, built from the graph entry's ``config`` at load;
 * ``PORTS``: a :class:`pipeline.ports.Ports` (or a function of the built config returning one),
   checked against the graph entry at load and at runtime;
-* ``validate(config)``: raises :class:`pipeline.config.ConfigError` for a bad combination of
+* ``validate(config)``: raises :class:`typedconfig.ConfigError` for a bad combination of
   values, reported at load with the key's file:line (``key`` relative to the node's config);
 * ``exclusive(config)``: True when an incarnation holds something only one process may hold at
   a time (a memory-mapped replay store's files): a swap or restart by command then stops it
@@ -70,7 +70,7 @@ def register_graph_check(check: Callable) -> Callable:
     """Run ``check(graph)`` on every graph at load, after each node was checked on its own.
 
     For settings that must agree across nodes. ``graph.configs[node]`` is each node's built
-    config; a mistake is ``raise pipeline.config.ConfigError(key, message)`` with ``key`` the
+    config; a mistake is ``raise typedconfig.ConfigError(key, message)`` with ``key`` the
     dotted path from the graph's root (``"nodes.learner.config.env_id"``), reported as one line
     with that key's file:line. Usable as a decorator; registering the same function twice is a
     no-op."""

@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field
 
 import zmq
 
+import typedconfig as configlib
 from pipeline import codec, gcpolicy, kinds
-from pipeline import config as configlib
 from pipeline.bus import Bus, TopicSpec
 from pipeline.ledger import Ledger
 from pipeline.messages import (

@@ -13,7 +13,7 @@ import yaml
 
 import algorithms
 from algorithms import configs
-from pipeline.config import ConfigError
+from typedconfig import ConfigError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NAMES = ["dqn", "sac", "ppo", "a2c", "ddpg", "td3"]

@@ -9,8 +9,8 @@ from torch import nn
 
 import algorithms
 from algorithms.configs import parse
-from pipeline.config import ConfigError
 from tests.test_alg_interface import _unroll
+from typedconfig import ConfigError
 
 MINATAR_OBS = gym.spaces.Box(0, 255, (4, 10, 10), np.uint8)
 ACTIONS = gym.spaces.Discrete(3)

@@ -21,9 +21,9 @@ from algorithms.envs import env_spaces
 from algorithms.evaluation import evaluate
 from algorithms.value_ops import valid_mask
 from pipeline import graph as graphlib
-from pipeline.config import ConfigError
 from pipeline.inloop import run_graph
 from tests.test_alg_interface import _time_step
+from typedconfig import ConfigError
 
 OBS, ACTIONS = env_spaces("CartPoleNoVelocity-v1")
 SMALL = dict(rnn_size=8, actor_fc_layer_params=(8,), value_fc_layer_params=(8,),

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from pipeline import config as configlib
+import typedconfig as configlib
 from pipeline import graph as graphlib
 from pipeline import kinds
 from pipeline.bus import Bus, TopicSpec

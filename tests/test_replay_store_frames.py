@@ -13,8 +13,8 @@ import pytest
 
 from nodes.messages import ExperienceBatch, SampleRequest
 from nodes.replay_store import Config, ReplayStore
-from pipeline.config import ConfigError
 from storage import StepType
+from typedconfig import ConfigError
 
 FRAME = (84, 84)
 

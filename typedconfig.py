@@ -1,7 +1,8 @@
 """Build a frozen config dataclass from a plain mapping, rejecting unknown keys and bad types.
 
-Used for node configs from the graph (so mistakes are reported with the graph's file and line)
-and anywhere else a dict becomes a typed config. Supports the annotations configs use:
+A neutral module below every package: ``pipeline`` builds node configs with it (so mistakes are
+reported with the graph's file and line) and ``algorithms`` its algorithm configs, without
+either layer importing the other. Supports the annotations configs use:
 ``int``, ``float``, ``str``, ``bool``, ``list``, ``dict``, ``X | None``, ``list[X]``,
 ``dict[str, X]``, ``Literal[...]`` and ``Any``.
 """
