@@ -6,7 +6,8 @@
 #
 # Prints each graph's evaluations and the learner's update time (learner/train_ms_per_update);
 # a run that reaches its duration before its threshold exits 1, which is expected for the
-# Atari and MinAtar runs (they are cut short). Results of session 11: docs/benchmarks.md.
+# MinAtar run (it is cut short). Latest results (2026-11-27, e713899, one H100):
+# docs/benchmarks.md, "GPU".
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
