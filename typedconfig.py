@@ -25,7 +25,9 @@ class ConfigError(ValueError):
 
 def build(cls: type, data: Any, where: str = "") -> Any:
     """``cls(**data)`` after checking keys, types and a field's ``minimum`` (metadata); raises
-    :class:`ConfigError`."""
+    :class:`ConfigError`. A field whose metadata has ``parse`` takes ``parse(value, path)``
+    instead of the type check (a value whose type depends on its content, such as an
+    algorithm config chosen by its ``name``)."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -39,7 +41,9 @@ def build(cls: type, data: Any, where: str = "") -> Any:
     for name, f in fields.items():
         path = _join(where, name)
         if name in data:
-            values[name] = check(hints[name], data[name], path)
+            parse = f.metadata.get("parse")
+            values[name] = parse(data[name], path) if parse else \
+                check(hints[name], data[name], path)
             minimum = f.metadata.get("minimum")
             if minimum is not None and values[name] is not None and values[name] < minimum:
                 raise ConfigError(path, f"must be >= {minimum}, got {values[name]!r}")
@@ -107,7 +111,8 @@ def check(annotation, value, path: str):
             return {k: check(args[1], v, _join(path, k)) for k, v in value.items()}
         return value
     if dataclasses.is_dataclass(annotation):
-        return build(annotation, value, path)
+        # One already built (a graph section shared by every node) is not built again.
+        return value if isinstance(value, annotation) else build(annotation, value, path)
     return value
 
 

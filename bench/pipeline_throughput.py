@@ -52,11 +52,10 @@ RUNNERS = """
   env_runner:
     kind: env_runner
     replicas: {runners}
-    config: {{env_id: CartPole-v1, num_envs: {envs}, env_groups: {groups}}}
+    config: {{num_envs: {envs}, env_groups: {groups}}}
     calls: [policy]
   unroller:
     kind: unroller
-    config: {{env_id: CartPole-v1, algorithm: {{name: random}}}}
     serves: [policy]
     publishes: [experience]"""
 
@@ -66,12 +65,12 @@ ACTORS = """
   env_runner:
     kind: actor
     replicas: {runners}
-    config: {{env_id: CartPole-v1, num_envs: {envs}, env_groups: {groups},
-              algorithm: {{name: random}}}}
+    config: {{num_envs: {envs}, env_groups: {groups}}}
     publishes: [experience]"""
 
 GRAPH = """
 name: pipeline_throughput
+agent: {{env_id: CartPole-v1, algorithm: {{name: random}}}}
 topics:
   experience: {{delivery: reliable, hwm: 256, coalesce: {coalesce}}}
 nodes:{runners_part}

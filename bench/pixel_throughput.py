@@ -48,6 +48,7 @@ ALGORITHM = {"name": "dqn", "encoder": "nature_cnn", "fc_layer_params": [512],
 
 GRAPH = """
 name: pixel_throughput
+agent: {{env_id: {env_id}, algorithm: {algorithm}}}
 topics:
   experience: {{delivery: reliable, hwm: 256}}
   params: {{delivery: latest, hwm: 4}}
@@ -55,11 +56,10 @@ nodes:
   env_runner:
     kind: env_runner
     replicas: {runners}
-    config: {{env_id: {env_id}, num_envs: {envs}, env_groups: {groups}}}
+    config: {{num_envs: {envs}, env_groups: {groups}}}
     calls: [policy]
   unroller:
     kind: unroller
-    config: {{env_id: {env_id}, algorithm: {algorithm}}}
     serves: [policy]
     subscribes: [params]
     publishes: [experience]
@@ -70,8 +70,7 @@ nodes:
     serves: [sample]
   learner:
     kind: learner
-    config: {{env_id: {env_id}, algorithm: {algorithm}, num_env_steps: 100000000,
-             request_timeout_s: 100000}}
+    config: {{num_env_steps: 100000000, request_timeout_s: 100000}}
     calls: [sample]
     publishes: [params]
 run:
@@ -95,9 +94,11 @@ def env_limit(env_id: str, num_envs: int, seconds: float) -> float:
 
 
 def _algorithm(env_id: str):
-    from nodes._common import AlgorithmConfig, make_algorithm
+    from nodes._agent import Agent
+    from nodes._common import make_algorithm
+    from typedconfig import build
 
-    return make_algorithm(AlgorithmConfig(env_id, ALGORITHM), "cpu")
+    return make_algorithm(build(Agent, {"env_id": env_id, "algorithm": ALGORITHM}), "cpu")
 
 
 def inference_limit(env_id: str, batch: int, seconds: float) -> float:

@@ -10,10 +10,6 @@ from __future__ import annotations
 from pipeline.kinds import register_graph_check
 from typedconfig import ConfigError
 
-# Kinds whose ``env_id``/``env_kwargs`` describe the one environment of the run, in the order
-# the first one is taken as the reference (the runner steps it; the others size networks or
-# evaluate on it).
-ENV_KINDS = ("env_runner", "actor", "unroller", "learner", "evaluator")
 # Kinds that step environments and number them from ``replica * num_envs``.
 RUNNER_KINDS = ("env_runner", "actor")
 
@@ -23,32 +19,24 @@ def _nodes_of(graph, *kinds: str) -> list[str]:
 
 
 @register_graph_check
-def environments_agree(graph) -> None:
-    """Every env id resolves here, and runner, unroller, learner and evaluator name the same
-    environment with the same kwargs (else the networks are sized for, or evaluated on, a
-    different environment than the one that is stepped)."""
+def environments_resolve(graph) -> None:
+    """The agent's env id, and an evaluator's ``eval_env``, make an env here (an unknown id,
+    a missing extra or a wrong ``env_kwargs`` key is one line at load, not a crash loop)."""
     from algorithms.envs import check_env_id
 
-    reference = None
-    for kind in ENV_KINDS:
-        for name in _nodes_of(graph, kind):
-            config = graph.configs[name]
-            try:
-                check_env_id(config.env_id, config.env_kwargs)
-            except ValueError as exc:
-                raise ConfigError(f"nodes.{name}.config.env_id", str(exc)) from None
-            if reference is None:
-                reference = name
-                continue
-            ref = graph.configs[reference]
-            if config.env_id != ref.env_id:
-                raise ConfigError(f"nodes.{name}.config.env_id",
-                                  f"{config.env_id!r} differs from node {reference!r}'s "
-                                  f"{ref.env_id!r}; every RL node must use the same env")
-            if config.env_kwargs != ref.env_kwargs:
-                raise ConfigError(f"nodes.{name}.config.env_kwargs",
-                                  f"{config.env_kwargs!r} differs from node {reference!r}'s "
-                                  f"{ref.env_kwargs!r}")
+    checks = []
+    if "agent" in graph.raw:
+        agent = graph.raw["agent"]
+        checks.append(("agent.env_id", agent.get("env_id"), agent.get("env_kwargs")))
+    for name in _nodes_of(graph, "evaluator"):
+        env = graph.configs[name].eval_env
+        if env is not None:
+            checks.append((f"nodes.{name}.config.eval_env.env_id", env.env_id, env.env_kwargs))
+    for key, env_id, env_kwargs in checks:
+        try:
+            check_env_id(env_id, env_kwargs)
+        except ValueError as exc:
+            raise ConfigError(key, str(exc)) from None
 
 
 @register_graph_check

@@ -17,7 +17,7 @@ import torch
 
 import algorithms
 from algorithms.steps import TimeStep
-from nodes._algorithm_config import AlgorithmConfig, typed_algorithm
+from nodes._agent import Agent
 from nodes.checkpointer import left_state_path
 from nodes.messages import StateReply
 
@@ -31,12 +31,12 @@ def env_spaces(env_id: str, env_kwargs: dict | None = None) -> tuple[gym.Space, 
     return spaces(env_id, env_kwargs)
 
 
-def make_algorithm(config: AlgorithmConfig, device: str):
-    """The algorithm a node config describes, built from its typed algorithm config (data
-    transformers included) for the spaces of ``env_id``/``env_kwargs``."""
-    typed = typed_algorithm(config)
-    obs_space, action_space = env_spaces(config.env_id, config.env_kwargs)
-    return algorithms.make(typed, obs_space, action_space, device=resolve_device(device))
+def make_algorithm(agent: Agent, device: str):
+    """The graph's algorithm (its typed config, data transformers included) for the spaces
+    of the agent's env."""
+    obs_space, action_space = env_spaces(agent.env_id, agent.env_kwargs)
+    return algorithms.make(agent.algorithm, obs_space, action_space,
+                           device=resolve_device(device))
 
 
 def probe(alg, observation) -> list | None:

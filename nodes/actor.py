@@ -25,7 +25,6 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from nodes import env_runner, unroller
-from nodes._algorithm_config import validate as validate_algorithm
 from nodes._common import discard_left_state, leave_state
 from nodes.messages import ActionBatch, Metrics
 from pipeline.ports import Port, Ports
@@ -34,13 +33,12 @@ from pipeline.ports import Port, Ports
 @dataclass(frozen=True)
 class Config(env_runner.Config, unroller.Config):
     """The env runner's keys (``num_envs``, ``env_groups``, ``max_steps``, ...) and the
-    unroller's (``algorithm``, ``unroll_length``, ...). Replica ``r`` seeds its envs and its
+    unroller's (``unroll_length``, ...), and the graph's agent. Replica ``r`` seeds its envs and its
     policy's exploration with ``seed + 1000 r``: actors must not explore in step."""
 
 
 def validate(config: Config) -> None:
     env_runner.validate(config)
-    validate_algorithm(config)
 
 
 def PORTS(config: Config) -> Ports:  # noqa: N802 - the name the pipeline looks for

@@ -25,6 +25,7 @@ import numpy as np
 
 from algorithms.envs import make_env as make_vector_env
 from algorithms.steps import StepType, TimeStep, VectorEnvStepper
+from nodes._agent import Agent, agent_field
 from nodes.messages import ActionBatch, Metrics, TimeStepBatch
 from pipeline.ports import Port, Ports, Service
 from typedconfig import ConfigError
@@ -34,12 +35,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Config:
-    env_id: str = field(metadata={
-        "doc": "a Gymnasium id, ALE/<Game>-v5, <Game>NoFrameskip-v4 or MinAtar/<Game>-v1"})
+    agent: Agent = agent_field()  # the env it steps: agent.env_id, agent.env_kwargs
     num_envs: int = field(default=1, metadata={"doc": "environments in this runner",
                                                "minimum": 1})
-    env_kwargs: dict = field(default_factory=dict, metadata={
-        "doc": "gymnasium.make kwargs; Atari/MinAtar: preprocessing options (algorithms.envs)"})
     seed: int = field(default=0, metadata={"doc": "base seed; replica r uses seed + 1000 r"})
     request_timeout_s: float = field(default=60.0, metadata={"doc": "wait for actions"})
     metrics_interval_s: float = field(default=5.0, metadata={"doc": "episode metrics period"})
@@ -59,7 +57,8 @@ def validate(config: Config) -> None:
 
 
 def make_env(config: Config, seed: int, num_envs: int) -> gym.vector.VectorEnv:
-    return make_vector_env(config.env_id, num_envs, seed, config.env_kwargs, training=True)
+    return make_vector_env(config.agent.env_id, num_envs, seed, config.agent.env_kwargs,
+                           training=True)
 
 
 class EpisodeStats:

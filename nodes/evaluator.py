@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nodes._algorithm_config import AlgorithmConfig
-from nodes._algorithm_config import validate as validate
+from nodes._agent import Agent, EnvSpec, agent_field
 from nodes.messages import Metrics, Params
 from pipeline.ports import Port, Ports
 
@@ -32,7 +31,11 @@ PORTS = Ports(subscribes={"params": Port(Params)}, publishes={"metrics": Port(Me
 
 
 @dataclass(frozen=True)
-class Config(AlgorithmConfig):
+class Config:
+    agent: Agent = agent_field()
+    eval_env: EnvSpec | None = field(default=None, metadata={
+        "doc": "evaluate on this env (env_id, env_kwargs) instead of the agent's: on purpose, "
+               "e.g. another variant of the task; its spaces must match the agent's"})
     num_eval_episodes: int = field(default=10, metadata={"doc": "episodes per evaluation"})
     eval_interval: int = field(default=5000, metadata={"minimum": 1,
                                                        "doc": "env steps between evaluations"})
@@ -52,13 +55,14 @@ def _build_algorithm(config: Config, device: str):
     from nodes._common import make_algorithm
 
     torch.set_num_threads(1)
-    return make_algorithm(config, device)
+    return make_algorithm(config.agent, device)
 
 
 def _evaluate(alg, config: Config):
     from algorithms.evaluation import evaluate  # imports torch: not before the first evaluation
 
-    return evaluate(alg, config.env_id, config.num_eval_episodes, config.seed, config.env_kwargs,
+    env = config.eval_env or config.agent
+    return evaluate(alg, env.env_id, config.num_eval_episodes, config.seed, env.env_kwargs,
                     config.epsilon)
 
 
@@ -96,7 +100,7 @@ async def run(config: Config, node, ready) -> dict:
         if probes is None:
             from nodes._common import ProbeLog  # torch is imported by now
 
-            probes = ProbeLog(node.status, config.probe_observation)
+            probes = ProbeLog(node.status, config.agent.probe_observation)
         probes.record(alg, msg.version)
         mean_return, mean_length = await asyncio.to_thread(
             _evaluate, alg, config)

@@ -33,10 +33,8 @@ from dataclasses import dataclass, field
 import torch
 
 from algorithms.data import Experience, mini_batch_rows
-from nodes._algorithm_config import is_on_policy
-from nodes._algorithm_config import validate as validate
+from nodes._agent import Agent, agent_field
 from nodes._common import (
-    AlgorithmConfig,
     ProbeLog,
     as_torch,
     discard_left_state,
@@ -68,7 +66,8 @@ _LOOP_TURN_S = 0.05
 
 
 @dataclass(frozen=True)
-class Config(AlgorithmConfig):
+class Config:
+    agent: Agent = agent_field()
     num_env_steps: int = field(default=100_000, metadata={"doc": "env-step budget of the run"})
     mini_batch_size: int = field(default=256, metadata={"doc": "replay batch size B", "minimum": 1})
     mini_batch_length: int | None = field(default=None, metadata={
@@ -97,7 +96,7 @@ def PORTS(config: Config) -> Ports:  # noqa: N802 - the name the pipeline looks 
     state = Service(StateRequest, StateReply, required=False)
     ports = Ports(publishes={"params": Port(Params), "metrics": Port(Metrics, required=False)},
                   serves={"learner_state": state}, calls={"learner_state": state})
-    if is_on_policy(config):
+    if config.agent.on_policy:
         ports.subscribes["trajectories"] = Port(Trajectory)
     else:
         ports.calls["sample"] = Service(SampleRequest, SampleBatch)
@@ -112,7 +111,7 @@ class Learner:
         torch.manual_seed(config.seed)
         torch.set_num_threads(config.num_threads)
         self.config, self.node, self.bus = config, node, bus
-        self.alg = make_algorithm(config, node.info.device)
+        self.alg = make_algorithm(config.agent, node.info.device)
         self.params = bus.publisher("params")
         self.metrics = bus.publisher("metrics") if bus.publishes("metrics") else None
         self.version = 0
@@ -123,7 +122,7 @@ class Learner:
         self.iteration = 0
         self.env_steps = 0
         self.last_metrics: dict = {}
-        self.probe = ProbeLog(node.status, config.probe_observation)
+        self.probe = ProbeLog(node.status, config.agent.probe_observation)
         self._report_at = time.monotonic() + config.metrics_interval_s
         self._updates_at_report = 0
         # Where the learner's time goes between reports: training vs waiting for data.

@@ -28,10 +28,8 @@ import numpy as np
 import torch
 
 from algorithms.data import TimeStep
-from nodes._algorithm_config import is_on_policy, is_random
-from nodes._algorithm_config import validate as validate
+from nodes._agent import Agent, agent_field
 from nodes._common import (
-    AlgorithmConfig,
     ProbeLog,
     make_algorithm,
     restore_from_checkpoint,
@@ -55,7 +53,8 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Config(AlgorithmConfig):
+class Config:
+    agent: Agent = agent_field()
     unroll_length: int = field(default=8, metadata={"doc": "on-policy unroll length T"})
     max_unrolls_per_version: int = field(default=1, metadata={"doc": "on-policy lag bound"})
     max_batch_requests: int = field(default=64, metadata={"doc": "requests batched at most"})
@@ -66,10 +65,10 @@ class Config(AlgorithmConfig):
 def PORTS(config: Config) -> Ports:  # noqa: N802 - the name the pipeline looks for
     """It serves ``policy``; publishes ``trajectories`` on-policy, ``experience`` off-policy;
     needs ``params`` unless the algorithm is ``random``."""
-    output = ({"trajectories": Port(Trajectory)} if is_on_policy(config) else
+    output = ({"trajectories": Port(Trajectory)} if config.agent.on_policy else
               {"experience": Port(ExperienceBatch)})
     return Ports(publishes=output,
-                 subscribes={"params": Port(Params, required=not is_random(config))},
+                 subscribes={"params": Port(Params, required=not config.agent.is_random)},
                  serves={"policy": Service(TimeStepBatch, ActionBatch),
                          "unroller_state": Service(StateRequest, StateReply, required=False)})
 
@@ -84,7 +83,7 @@ class Unroller:
         torch.manual_seed(config.seed)
         torch.set_num_threads(1)
         self.config, self.node, self.bus = config, node, bus
-        self.alg = make_algorithm(config, node.info.device)
+        self.alg = make_algorithm(config.agent, node.info.device)
         self.params = bus.subscriber("params") if bus.subscribes("params") else None
         self.on_policy = self.alg.on_policy
         self.output = bus.publisher("trajectories" if self.on_policy else "experience")
@@ -110,7 +109,7 @@ class Unroller:
         zero = self.alg.get_initial_state(1)
         self.zero_state = zero[0] if isinstance(zero, torch.Tensor) else None
         self.hidden: dict[tuple[str, int], torch.Tensor] = {}
-        self.probe = ProbeLog(node.status, config.probe_observation)
+        self.probe = ProbeLog(node.status, config.agent.probe_observation)
 
     def load_params(self, envelope) -> None:
         msg = envelope.message
@@ -219,7 +218,7 @@ async def start(unroller: Unroller, node) -> asyncio.Task | None:
     graph lists it (the task, or None). Shared with :mod:`nodes.actor`."""
     config = unroller.config
     restore_from_checkpoint(unroller, "unroller", node.info.resume)
-    if not is_random(config):
+    if not config.agent.is_random:
         await unroller.wait_for_params()
 
     async def flush_if_final(reason: str) -> None:

@@ -11,6 +11,7 @@ a kind may also be ``package.module:function`` for user code.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 import tempfile
 from dataclasses import dataclass, field
@@ -255,7 +256,8 @@ def _typed(value, kind, path, lines: Lines, minimum=None):
 def _validate(data: dict, lines: Lines) -> Graph:
     # ``x-...`` keys hold YAML anchors shared by several nodes (docker-compose's convention).
     data = {k: v for k, v in data.items() if not str(k).startswith("x-")}
-    _check_keys(data, TOP_KEYS, (), lines)
+    _check_keys(data, TOP_KEYS | set(kinds.sections()), (), lines)
+    sections = _validate_sections(data, lines)
     name = data.get("name")
     if name is None:
         raise lines.error(("name",), "required key is missing")
@@ -293,8 +295,8 @@ def _validate(data: dict, lines: Lines) -> Graph:
         raise lines.error(("nodes",), "a graph needs at least one node")
     nodes, configs, declared = {}, {}, {}
     for nname, nspec in raw_nodes.items():
-        nodes[nname], configs[nname], declared[nname] = _validate_node(str(nname), nspec,
-                                                                       topics, lines)
+        nodes[nname], configs[nname], declared[nname] = _validate_node(
+            str(nname), nspec, topics, sections, lines)
 
     published = {t for n in nodes.values() for t in n.publishes}
     served = {s for n in nodes.values() for s in n.serves}
@@ -354,7 +356,55 @@ def _check_name(name, path, lines: Lines) -> None:
         raise lines.error(path, "names use letters, digits, '_' and '-' and start with a letter")
 
 
-def _validate_node(name: str, spec, topics: dict, lines: Lines) -> NodeSpec:
+def _validate_sections(data: dict, lines: Lines) -> dict[str, tuple[object, dict]]:
+    """Each top-level section the node kinds registered (:func:`pipeline.kinds.
+    register_section`) that the graph states: ``name -> (built config, raw mapping)``, built
+    once here for every node that takes it."""
+    out = {}
+    for name, cls in kinds.sections().items():
+        if name not in data:
+            continue
+        raw = _require_mapping(data[name], (name,), lines, allow_none=False)
+        try:
+            out[name] = (configlib.build(cls, raw, name), raw)
+        except configlib.ConfigError as exc:
+            raise lines.error(_key_path(exc.key), exc.message) from None
+    return out
+
+
+def _with_sections(name: str, kind: str, config_cls: type | None, raw_config: dict,
+                   sections: dict, lines: Lines) -> tuple[dict, dict]:
+    """The node's config with the graph's sections its kind takes: ``(raw, to build)``. The
+    raw one (plain data) is what the node's process gets and builds again; the other holds the
+    section already built here. A node may not state a section, or a section's keys, itself:
+    the error names the key to move."""
+    path = ("nodes", name, "config")
+    takes = [f.name for f in dataclasses.fields(config_cls) if f.name in kinds.sections()] \
+        if config_cls is not None and dataclasses.is_dataclass(config_cls) else []
+    if not takes:
+        return raw_config, raw_config
+    own = {f.name for f in dataclasses.fields(config_cls)}
+    for section in takes:
+        if section in raw_config:
+            raise lines.error((*path, section), f"the {section} is stated once for the whole "
+                              f"graph: move it to the top-level {section}: section")
+        section_keys = {f.name for f in dataclasses.fields(kinds.sections()[section])}
+        for key in raw_config:
+            if key in section_keys and key not in own:
+                raise lines.error((*path, key), f"belongs to the graph's top-level {section}: "
+                                  f"section ({section}.{key}), stated once for every node")
+    raw, built = dict(raw_config), dict(raw_config)
+    for section in takes:
+        if section in sections:
+            built[section], raw[section] = sections[section][0], copy.deepcopy(sections[section][1])
+        elif config_cls.__dataclass_fields__[section].default is dataclasses.MISSING and \
+                config_cls.__dataclass_fields__[section].default_factory is dataclasses.MISSING:
+            raise lines.error(("nodes", name, "kind"), f"kind {kind!r} needs the graph's "
+                              f"top-level {section}: section")
+    return raw, built
+
+
+def _validate_node(name: str, spec, topics: dict, sections: dict, lines: Lines) -> NodeSpec:
     path = ("nodes", name)
     _check_name(name, path, lines)
     spec = _require_mapping(spec, path, lines, allow_none=False)
@@ -367,9 +417,11 @@ def _validate_node(name: str, spec, topics: dict, lines: Lines) -> NodeSpec:
     replicas = _typed(spec.get("replicas", 1), int, (*path, "replicas"), lines, minimum=1)
     if replicas > MAX_REPLICAS:
         raise lines.error((*path, "replicas"), f"must be <= {MAX_REPLICAS}, got {replicas}")
-    raw_config = _require_mapping(spec.get("config"), (*path, "config"), lines)
+    raw_config, with_sections = _with_sections(
+        name, kind, resolved.config_cls,
+        _require_mapping(spec.get("config"), (*path, "config"), lines), sections, lines)
     try:
-        config = (configlib.build(resolved.config_cls, raw_config) if resolved.config_cls
+        config = (configlib.build(resolved.config_cls, with_sections) if resolved.config_cls
                   else dict(raw_config))
         if resolved.validate is not None:
             resolved.validate(config)

@@ -18,7 +18,8 @@ A kind module defines ``async def run(config, node, ready)`` (``node`` is a
   before its replacement starts, instead of after.
 
 Graph-wide checks (settings that must agree across nodes) are registered with
-:func:`register_graph_check`.
+:func:`register_graph_check`; graph-wide *facts*, stated once at the graph's top level and
+handed to every node that needs them, with :func:`register_section`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 _KINDS: dict[str, str] = {}  # kind name -> module path, imported on first use
 _GRAPH_CHECKS: list[Callable] = []
+_SECTIONS: dict[str, type] = {}  # top-level graph key -> its config dataclass
 
 
 class UnknownKind(LookupError):
@@ -77,6 +79,20 @@ def register_graph_check(check: Callable) -> Callable:
     if check not in _GRAPH_CHECKS:
         _GRAPH_CHECKS.append(check)
     return check
+
+
+def register_section(name: str, config_cls: type) -> None:
+    """Make ``name:`` a top-level section of every graph, built into ``config_cls`` once at
+    load. A node kind whose ``Config`` has a field ``name`` gets the built section there;
+    its graph entry may not state the field itself (one fact, one place), nor any key of
+    ``config_cls`` at the top of its config (the error names the key to move)."""
+    if not NAME_RE.match(name):
+        raise ValueError(f"section names use letters, digits and '_': {name!r}")
+    _SECTIONS[name] = config_cls
+
+
+def sections() -> dict[str, type]:
+    return dict(_SECTIONS)
 
 
 def graph_checks() -> tuple:

@@ -10,11 +10,13 @@ import asyncio
 import functools
 import os
 import signal
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
 
+from nodes._agent import Agent, agent_field
 from pipeline import graph as graphlib
 from pipeline.graphyaml import GraphError
 from pipeline.inloop import run_graph
@@ -27,13 +29,13 @@ ACTOR_GRAPH = os.path.join(ROOT, "graphs", "dqn_cartpole_actor.yaml")
 
 STEPS = """
 name: actor_steps
+agent: {{env_id: CartPole-v1, algorithm: {{name: {algorithm}}}}}
 topics:
   experience: {{delivery: reliable, hwm: 16, coalesce: {coalesce}}}
 nodes:
   actor:
     kind: actor
-    config: {{env_id: CartPole-v1, num_envs: 4, env_groups: 2, max_steps: {steps},
-              algorithm: {{name: {algorithm}}}}}
+    config: {{num_envs: 4, env_groups: 2, max_steps: {steps}}}
     publishes: [experience]
   replay_store:
     kind: replay_store
@@ -83,13 +85,10 @@ async def unroll_checker(config, node, ready):
     """A test kind in a PPO learner's place: publishes parameters at the start and after each
     unroll (so the actor goes on, one unroll per version), and counts unrolls whose every
     column holds one environment's steps."""
-    from types import SimpleNamespace
-
     from nodes._common import make_algorithm
     from nodes.messages import Params
 
-    alg = make_algorithm(SimpleNamespace(env_id="CartPole-v1", algorithm={"name": "ppo"},
-                                         env_kwargs={}), "cpu")
+    alg = make_algorithm(config.agent, "cpu")  # the graph's agent, as a learner's would be
     params, unrolls = node.bus.publisher("params"), node.bus.subscriber("trajectories")
     ready()
     version, counts = 0, {"unrolls": 0, "mixed": 0}
@@ -103,16 +102,24 @@ async def unroll_checker(config, node, ready):
     return counts
 
 
+@dataclass(frozen=True)
+class _CheckerConfig:
+    agent: Agent = agent_field()
+
+
+unroll_checker.Config = _CheckerConfig  # a user kind takes the graph's agent section too
+
+
 ON_POLICY = """
 name: actor_unrolls
+agent: {env_id: CartPole-v1, algorithm: {name: ppo}}
 topics:
   trajectories: {delivery: reliable, hwm: 4}
   params: {delivery: latest, hwm: 4}
 nodes:
   actor:
     kind: actor
-    config: {env_id: CartPole-v1, num_envs: 4, env_groups: 2, max_steps: 200,
-             unroll_length: 4, algorithm: {name: ppo}}
+    config: {num_envs: 4, env_groups: 2, max_steps: 200, unroll_length: 4}
     subscribes: [params]
     publishes: [trajectories]
   learner:
@@ -228,8 +235,7 @@ def test_an_actor_acts_as_a_runner_and_an_unroller_do(tmp_path, live_runs):
     start, end = text.index("  env_runner:"), text.index("  learner:")
     actor = text[:start] + """  actor:
     kind: actor
-    config: {env_id: CartPole-v1, num_envs: 8, seed: 0, algorithm: *algorithm,
-             unroll_length: 32, max_unrolls_per_version: 1}
+    config: {num_envs: 8, seed: 0, unroll_length: 32, max_unrolls_per_version: 1}
     subscribes: [params]
     publishes: [trajectories, metrics]
     serves: [unroller_state]

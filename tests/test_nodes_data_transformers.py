@@ -19,11 +19,9 @@ PROBE = [0.5, -0.5, 0.05, 1.0]  # a raw CartPole observation
 def normalized_ppo_graph(tmp_path) -> str:
     with open(os.path.join(ROOT, "graphs", "ppo_cartpole.yaml")) as f:
         graph = yaml.safe_load(f)
-    for name in ("unroller", "learner", "evaluator"):
-        config = graph["nodes"][name]["config"]
-        config["algorithm"] = {**config["algorithm"], "data_transformers": [
-            {"name": "observation_normalizer", "clipping": 5.0}]}
-        config["probe_observation"] = PROBE
+    graph["agent"]["algorithm"]["data_transformers"] = [
+        {"name": "observation_normalizer", "clipping": 5.0}]
+    graph["agent"]["probe_observation"] = PROBE
     graph["nodes"]["evaluator"]["config"].update(eval_interval=2000, stop_at_return=None,
                                                  num_eval_episodes=2)
     graph["nodes"]["learner"]["config"]["num_env_steps"] = 60_000

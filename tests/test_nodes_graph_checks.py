@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import nodes  # noqa: F401 - registers the node kinds and their graph checks
-from nodes._algorithm_config import ON_POLICY
+from nodes._agent import ON_POLICY
 from pipeline import graph as graphlib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,9 +54,7 @@ def test_wrong_type_in_the_algorithm_is_caught(tmp_path):
 def test_yaml_12_numbers_reach_the_algorithm_as_numbers(tmp_path):
     path = edited(tmp_path, DQN, "  learning_rate: 0.0023", "  learning_rate: 2.3e-3")
     graph = graphlib.load(path)
-    from nodes._algorithm_config import typed_algorithm
-
-    assert typed_algorithm(graph.configs["learner"]).learning_rate == 0.0023
+    assert graph.configs["learner"].agent.algorithm.learning_rate == 0.0023
 
 
 def test_learner_without_sample_is_refused(tmp_path):
@@ -87,15 +85,56 @@ def test_prioritized_learner_needs_prioritized_replay(tmp_path):
 
 
 @pytest.mark.parametrize("override,expected", [
-    ("nodes.evaluator.config.env_id=CartPole-v0",
-     "nodes.evaluator.config.env_id: 'CartPole-v0' differs from node 'env_runner'"),
-    ("nodes.unroller.config.env_id=CartPol-v1", "unknown environment id 'CartPol-v1'"),
-    ("nodes.learner.config.env_kwargs={max_episode_steps: 100}",
-     "nodes.learner.config.env_kwargs: {'max_episode_steps': 100} differs from node "
-     "'env_runner'"),
+    ("agent.env_id=CartPol-v1", "agent.env_id: unknown environment id 'CartPol-v1'"),
+    ("nodes.evaluator.config.eval_env={env_id: CartPol-v1}",
+     "nodes.evaluator.config.eval_env.env_id: unknown environment id 'CartPol-v1'"),
+    ("agent.algorithm.gamma=2", "agent.algorithm.gamma: must be in (0, 1]"),
 ])
-def test_environments_must_agree_and_resolve(override, expected):
+def test_environments_resolve_and_the_agent_is_checked(override, expected):
     assert expected in error(DQN, override)
+
+
+def test_every_rl_node_gets_the_one_agent():
+    """The agent section is built once and handed to every node whose kind takes it; a
+    ``--set agent....`` reaches all of them (the one override path)."""
+    graph = graphlib.load(DQN, ["agent.algorithm.learning_rate=0.01"])
+    takers = [n for n, c in graph.configs.items() if hasattr(c, "agent")]
+    assert sorted(takers) == ["env_runner", "evaluator", "learner", "unroller"]
+    assert len({id(graph.configs[n].agent) for n in takers}) == 1
+    agent = graph.configs["learner"].agent
+    assert (agent.env_id, agent.algorithm.learning_rate) == ("CartPole-v1", 0.01)
+    # What a node's process is handed: plain data it builds into the same agent.
+    assert graph.nodes["unroller"].config["agent"]["algorithm"]["learning_rate"] == 0.01
+    assert "agent" not in graph.raw["nodes"]["unroller"].get("config", {})
+
+
+@pytest.mark.parametrize("old,new,key,expected", [
+    ("    config: {seed: 0}\n    serves: [policy",
+     "    config: {seed: 0, env_id: CartPole-v1}\n    serves: [policy",
+     "nodes.unroller.config.env_id", "belongs to the graph's top-level agent: section "
+     "(agent.env_id)"),
+    ("      eval_interval: 1000", "      eval_interval: 1000\n      algorithm: {name: dqn}",
+     "nodes.evaluator.config.algorithm", "(agent.algorithm)"),
+    ("    config: {seed: 0}\n    serves: [policy",
+     "    config: {seed: 0, agent: {env_id: CartPole-v1}}\n    serves: [policy",
+     "nodes.unroller.config.agent", "move it to the top-level agent: section"),
+])
+def test_an_old_graph_is_told_which_key_to_move(tmp_path, old, new, key, expected):
+    path = edited(tmp_path, DQN, old, new)
+    message = error(path)
+    assert f"{key}: " in message and expected in message, message
+    stated = next(line for line in new.split("\n") if f"{key.rsplit('.', 1)[1]}:" in line)
+    assert f":{line_of(path, stated)}: " in message
+
+
+def test_an_rl_node_without_the_agent_section_is_refused(tmp_path):
+    with open(DQN) as f:
+        text = f.read()
+    start, end = text.index("agent:\n"), text.index("\ntopics:")
+    path = tmp_path / "graph.yaml"
+    path.write_text(text[:start] + text[end + 1:])
+    assert "nodes.env_runner.kind: kind 'env_runner' needs the graph's top-level agent: " \
+           "section" in error(str(path))
 
 
 def test_run_py_check_prints_one_line_and_exits_2(tmp_path):

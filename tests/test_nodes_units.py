@@ -105,17 +105,16 @@ gym.register("ConduitTest/FlakyCartPole-v0", entry_point=FlakyCartPole)
 
 FLAKY_GRAPH = """
 name: flaky
+agent: {env_id: "ConduitTest/FlakyCartPole-v0", algorithm: {name: random}}
 topics:
   experience: {delivery: reliable, hwm: 64}
 nodes:
   env_runner:
     kind: env_runner
-    config: {env_id: "ConduitTest/FlakyCartPole-v0", num_envs: 4, env_groups: 2,
-             max_env_failures: 1000000, max_steps: 400}
+    config: {num_envs: 4, env_groups: 2, max_env_failures: 1000000, max_steps: 400}
     calls: [policy]
   unroller:
     kind: unroller
-    config: {env_id: "ConduitTest/FlakyCartPole-v0", algorithm: {name: random}}
     serves: [policy]
     publishes: [experience]
   replay_store:
@@ -142,6 +141,7 @@ def test_a_raising_environment_is_recreated_and_nothing_is_lost(tmp_path):
 
 SPLIT_BATCH_GRAPH = """
 name: split_batches
+agent: {env_id: CartPole-v1, algorithm: {name: dqn, fc_layer_params: [16]}}
 topics:
   experience: {delivery: reliable, hwm: 64}
   params: {delivery: latest, hwm: 4}
@@ -149,11 +149,10 @@ topics:
 nodes:
   env_runner:
     kind: env_runner
-    config: {env_id: CartPole-v1, num_envs: 4}
+    config: {num_envs: 4}
     calls: [policy]
   unroller:
     kind: unroller
-    config: {env_id: CartPole-v1, algorithm: {name: dqn, fc_layer_params: [16]}}
     serves: [policy]
     subscribes: [params]
     publishes: [experience]
@@ -165,8 +164,7 @@ nodes:
     serves: [sample]
   learner:
     kind: learner
-    config: {env_id: CartPole-v1, algorithm: {name: dqn, fc_layer_params: [16]},
-             num_env_steps: 800, mini_batch_size: 8, prioritized: true,
+    config: {num_env_steps: 800, mini_batch_size: 8, prioritized: true,
              batches_per_request: 3, prefetch: 2}
     calls: [sample]
     publishes: [params, priorities]

@@ -80,10 +80,11 @@ async def policy_recorder(config, node, ready):
 
 GRAPH = """
 name: pixels_hop
+agent: {{env_id: "{env_id}", algorithm: {{name: random}}}}
 nodes:
   env_runner:
     kind: env_runner
-    config: {{env_id: "{env_id}", num_envs: 2, max_steps: 40}}
+    config: {{num_envs: 2, max_steps: 40}}
     calls: [policy]
   policy:
     kind: "tests.test_pixels_dtypes:policy_recorder"

@@ -48,6 +48,7 @@ async def twin_runner(config, node, ready):
 
 GRAPH = f"""
 name: twin_requests
+agent: {{env_id: CartPole-v1, algorithm: {{name: random}}}}
 topics:
   experience: {{delivery: reliable, hwm: 64}}
 nodes:
@@ -56,7 +57,6 @@ nodes:
     calls: [policy]
   unroller:
     kind: unroller
-    config: {{env_id: CartPole-v1, algorithm: {{name: random}}}}
     serves: [policy]
     publishes: [experience]
   replay_store:

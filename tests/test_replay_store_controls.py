@@ -18,13 +18,15 @@ from tests.pipeline_harness import ROOT, LiveRun
 
 GRAPH = """\
 name: replay_controls
-x-algorithm: &algorithm
-  name: dqn
-  fc_layer_params: [32]
-  learning_rate: 0.001
-  gamma: 0.99
-  target_update_period: 64
-  epsilon_decay_steps: 1000
+agent:
+  env_id: CartPole-v1
+  algorithm:
+    name: dqn
+    fc_layer_params: [32]
+    learning_rate: 0.001
+    gamma: 0.99
+    target_update_period: 64
+    epsilon_decay_steps: 1000
 topics:
   experience: {{delivery: reliable, hwm: 256}}
   params: {{delivery: latest, hwm: 4}}
@@ -32,12 +34,12 @@ topics:
 {priorities_topic}nodes:
   env_runner:
     kind: env_runner
-    config: {{env_id: CartPole-v1, num_envs: 4, seed: 0}}
+    config: {{num_envs: 4, seed: 0}}
     calls: [policy]
     publishes: [metrics]
   unroller:
     kind: unroller
-    config: {{env_id: CartPole-v1, algorithm: *algorithm, seed: 0}}
+    config: {{seed: 0}}
     serves: [policy]
     subscribes: [params]
     publishes: [experience]
@@ -57,8 +59,6 @@ topics:
   learner:
     kind: learner
     config:
-      env_id: CartPole-v1
-      algorithm: *algorithm
       num_env_steps: {budget}
       mini_batch_size: 32
       publish_params_every: {publish_every}
