@@ -1,7 +1,8 @@
 """RL algorithms (PyTorch) with ALF's interface; nothing here knows about ZeroMQ or pipeline/.
 
 Entry points: :mod:`algorithms.configs` (``parse``/``config_class``: typed, checked algorithm
-configs, no torch), :func:`make` (the algorithm a config describes), :func:`make_transformer`
+configs, no torch; the one place each hyperparameter is declared), :func:`make` (the algorithm
+a config describes, the one way to build one), :func:`make_transformer`
 (data transformers), and the data conventions in :mod:`algorithms.data`.
 
 The names below load on first use (PEP 562), so that importing a torch-free submodule such as
@@ -15,7 +16,7 @@ _EXPORTS = {
     "LossInfo": "algorithms.data", "StepType": "algorithms.steps",
     "TimeStep": "algorithms.steps", "TrainResult": "algorithms.data",
     "make_experience": "algorithms.data", "algorithm_names": "algorithms.registry",
-    "hyperparameters": "algorithms.registry", "make": "algorithms.registry",
+    "make": "algorithms.registry",
 }
 
 

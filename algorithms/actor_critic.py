@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from algorithms.base import RLAlgorithm
+from algorithms.configs import A2cConfig
 from algorithms.data import AlgStep, Experience, LossInfo, TimeStep
 from algorithms.losses import ActorCriticLoss
 from algorithms.networks import (
@@ -24,56 +25,30 @@ from algorithms.networks import (
 
 
 class ActorCriticAlgorithm(RLAlgorithm):
-    """A2C for discrete or continuous actions.
-
-    actor_fc_layer_params: hidden sizes of the actor.
-    value_fc_layer_params: hidden sizes of the value network.
-    learning_rate: Adam learning rate.
-    gamma: discount factor.
-    use_gae: GAE advantages instead of ``return - value``.
-    td_lambda: λ of GAE.
-    use_td_lambda_return: with GAE, train the value on the λ-return.
-    normalize_advantages: normalize advantages over the unroll.
-    advantage_clip: clip advantages to ``[-x, x]`` if set.
-    entropy_regularization: entropy coefficient.
-    td_loss_weight: value-loss coefficient.
-    max_grad_norm: gradient clipping norm (None = off).
-    init_std: initial std of the Gaussian policy (continuous actions).
-    shared_encoder_fc_layer_params: None = separate actor and value networks; a list = one
-        encoder plus these layers shared by both (see ``actor_critic_trunk``).
-    """
+    """A2C for discrete or continuous actions; hyperparameters: see :class:`A2cConfig`."""
 
     on_policy = True
     _policy_modules = ("encoding_network", "actor_network")
 
-    def __init__(self, observation_space, action_space, *, actor_fc_layer_params=(64, 64),
-                 value_fc_layer_params=(64, 64), learning_rate: float = 7e-4,
-                 gamma: float = 0.99, use_gae: bool = False, td_lambda: float = 0.95,
-                 use_td_lambda_return: bool = True, normalize_advantages: bool = False,
-                 advantage_clip: float | None = None, entropy_regularization: float = 0.0,
-                 td_loss_weight: float = 0.5, max_grad_norm: float | None = 0.5,
-                 init_std: float = 1.0, device="cpu", encoder: str = "mlp",
-                 image_layout: str = "auto", data_transformers=(),
-                 precision: str = "float32", shared_encoder_fc_layer_params=None):
-        super().__init__(observation_space, action_space, device, max_grad_norm,
-                         encoder=encoder, image_layout=image_layout,
-                         data_transformers=data_transformers, precision=precision)
+    def __init__(self, observation_space, action_space, config: A2cConfig, device="cpu"):
+        super().__init__(observation_space, action_space, config, device)
+        c = config
         self.encoding_network, heads_in, heads_kwargs = actor_critic_trunk(
-            self.input_space, shared_encoder_fc_layer_params, self.net_kwargs)
+            self.input_space, c.shared_encoder_fc_layer_params, self.net_kwargs)
         self.actor_network = ActorDistributionNetwork(
-            heads_in, action_space, actor_fc_layer_params, activation=nn.Tanh,
-            continuous_projection="normal", init_std=init_std, last_layer_scale=0.01,
+            heads_in, action_space, c.actor_fc_layer_params, activation=nn.Tanh,
+            continuous_projection="normal", init_std=c.init_std, last_layer_scale=0.01,
             **heads_kwargs)
-        self.value_network = ValueNetwork(heads_in, value_fc_layer_params,
+        self.value_network = ValueNetwork(heads_in, c.value_fc_layer_params,
                                           activation=nn.Tanh, **heads_kwargs)
-        self.loss = ActorCriticLoss(gamma=gamma, use_gae=use_gae, td_lambda=td_lambda,
-                                    use_td_lambda_return=use_td_lambda_return,
-                                    normalize_advantages=normalize_advantages,
-                                    advantage_clip=advantage_clip,
-                                    entropy_regularization=entropy_regularization,
-                                    td_loss_weight=td_loss_weight)
+        self.loss = ActorCriticLoss(gamma=c.gamma, use_gae=c.use_gae, td_lambda=c.td_lambda,
+                                    use_td_lambda_return=c.use_td_lambda_return,
+                                    normalize_advantages=c.normalize_advantages,
+                                    advantage_clip=c.advantage_clip,
+                                    entropy_regularization=c.entropy_regularization,
+                                    td_loss_weight=c.td_loss_weight)
         self.to(self.device)
-        self._add_optimizer("ac", self.parameters(), learning_rate)
+        self._add_optimizer("ac", self.parameters(), c.learning_rate)
 
     @torch.no_grad()
     def predict_step(self, time_step: TimeStep, state=()) -> AlgStep:

@@ -2,7 +2,7 @@
 
 How the pieces are driven (one process or many)::
 
-    alg = algorithms.make("dqn", obs_space, act_space, device="cpu")
+    alg = algorithms.make(DqnConfig(), obs_space, act_space, device="cpu")
     state = alg.get_initial_state(num_envs)
     # unroller / actor
     step = alg.rollout_step(time_step, state)      # step.output: actions [B]
@@ -58,16 +58,18 @@ class RLAlgorithm(nn.Module):
     on_policy: bool = False
     _policy_modules: tuple[str, ...] = ()
 
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space,
-                 device: str | torch.device = "cpu", max_grad_norm: float | None = None, *,
-                 encoder: str = "mlp", image_layout: str = "auto", data_transformers=(),
-                 precision: str = "float32"):
-        """``encoder``/``image_layout``: the observation encoder of every network (see
-        :mod:`algorithms.encoders`). ``data_transformers``: transformer configs
-        (:mod:`algorithms.configs`, or their ``{name: ...}`` mappings) or built
-        ``DataTransformer`` modules, applied in order. ``precision``: see
-        :meth:`training_precision`."""
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, config,
+                 device: str | torch.device = "cpu"):
+        """``config``: the algorithm's config (:mod:`algorithms.configs`), kept as
+        ``self.config``. Read here: ``encoder``/``image_layout``, the observation encoder of
+        every network (see :mod:`algorithms.encoders`); ``data_transformers``, transformer
+        configs (or their ``{name: ...}`` mappings) or built ``DataTransformer`` modules,
+        applied in order; ``precision`` (see :meth:`training_precision`); and
+        ``max_grad_norm``."""
         super().__init__()
+        self.config = config
+        precision, image_layout = config.precision, config.image_layout
+        data_transformers = config.data_transformers
         if precision not in TRAINING_PRECISIONS:
             raise ValueError(f"precision: expected one of {', '.join(TRAINING_PRECISIONS)}, "
                              f"got {precision!r}")
@@ -78,12 +80,12 @@ class RLAlgorithm(nn.Module):
         self.action_space = action_space
         self.device = torch.device(device)
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        self.max_grad_norm = max_grad_norm
+        self.max_grad_norm = config.max_grad_norm
         # Keyword arguments every network of the algorithm takes.
-        self.net_kwargs = {"encoder": encoder, "image_layout": image_layout}
+        self.net_kwargs = {"encoder": config.encoder, "image_layout": image_layout}
         self.data_transformer: SequentialDataTransformer | None = None
         if data_transformers:
-            if any(isinstance(t, dict) for t in data_transformers):  # the keyword form
+            if any(isinstance(t, dict) for t in data_transformers):  # {name: ...} mappings
                 from algorithms.configs import parse_transformers
 
                 data_transformers = parse_transformers(list(data_transformers))

@@ -1,7 +1,10 @@
 """Typed algorithm configs: one frozen dataclass per algorithm, checked before anything runs.
 
-A graph's ``algorithm:`` block becomes a config here (:func:`parse`), and
-:func:`algorithms.make` builds the algorithm from it. This module imports no torch, so graph
+Each config is the one place that declares its algorithm's hyperparameters (default and
+one-line doc); the algorithm class takes the config object. A graph's ``algorithm:`` block
+becomes a config here (:func:`parse`); code and tests build one directly
+(``DqnConfig(gamma=0.9)``, lists may be given as tuples); :func:`algorithms.make` builds the
+algorithm from it. This module imports no torch, so graph
 load (and the evaluator, before its first evaluation) can check a config cheaply.
 
 Every field has a one-line ``doc``; ``minimum`` (inclusive) and ``range`` (an interval such as
@@ -35,6 +38,17 @@ def _f(default, doc: str, *, minimum=None, range=None):  # noqa: A002
     return field(default=default, metadata=meta)
 
 
+class _Lists:
+    """Base of every config: a list field given as a tuple is stored as a list, so a config
+    built in code equals the one parsed from YAML (and :func:`to_dict` round-trips)."""
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, tuple):
+                object.__setattr__(self, f.name, list(value))
+
+
 _POSITIVE = "(0, inf)"
 _UNIT = "[0, 1]"
 _DISCOUNT = "(0, 1]"
@@ -42,7 +56,7 @@ _DISCOUNT = "(0, 1]"
 
 # ----- data transformers ------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
-class ObservationNormalizerConfig:
+class ObservationNormalizerConfig(_Lists):
     """``(obs - mean) / std`` with running statistics updated on training data."""
 
     name: Literal["observation_normalizer"] = _f("observation_normalizer", "transformer name")
@@ -54,7 +68,7 @@ class ObservationNormalizerConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RewardClippingConfig:
+class RewardClippingConfig(_Lists):
     """Clip rewards to ``minmax``."""
 
     name: Literal["reward_clipping"] = _f("reward_clipping", "transformer name")
@@ -62,7 +76,7 @@ class RewardClippingConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RewardScalingConfig:
+class RewardScalingConfig(_Lists):
     """Multiply rewards by ``scale``."""
 
     name: Literal["reward_scaling"] = _f("reward_scaling", "transformer name")
@@ -70,7 +84,7 @@ class RewardScalingConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RewardNormalizerConfig:
+class RewardNormalizerConfig(_Lists):
     """Divide rewards by their running std, updated on training data."""
 
     name: Literal["reward_normalizer"] = _f("reward_normalizer", "transformer name")
@@ -81,7 +95,7 @@ class RewardNormalizerConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class FrameStackerConfig:
+class FrameStackerConfig(_Lists):
     """Stack the last ``stack_size`` observations (a FIRST step starts a fresh stack). List it
     before an observation normalizer: on-policy, the learner recognizes the frame an unroll
     continues from by its raw value."""
@@ -93,7 +107,7 @@ class FrameStackerConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ImageScaleConfig:
+class ImageScaleConfig(_Lists):
     """Map uint8 images in [0, 255] linearly to [min, max] (float32, outside the network)."""
 
     name: Literal["image_scale"] = _f("image_scale", "transformer name")
@@ -108,7 +122,7 @@ TRANSFORMER_CONFIGS: dict[str, type] = {
 
 # ----- algorithms -------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
-class _Common:
+class _Common(_Lists):
     """Fields every algorithm has (``name`` first: each subclass narrows it)."""
 
     name: str = _f("", "algorithm name")
@@ -321,7 +335,7 @@ class Td3Config(DdpgConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
-class RandomConfig:
+class RandomConfig(_Lists):
     """Uniformly random actions (measuring the pipeline; no parameters to wait for)."""
 
     name: Literal["random"] = _f("random", "algorithm name")
@@ -398,7 +412,8 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 
 def hyperparameters(config: Any) -> dict[str, Any]:
-    """The algorithm constructor's keyword arguments held by ``config``."""
+    """The algorithm's own hyperparameters in ``config``: every field but ``name`` and those
+    every algorithm has (encoder, image layout, data transformers, precision)."""
     skip = {"name", "encoder", "image_layout", "data_transformers", "precision"}
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
             if f.name not in skip}

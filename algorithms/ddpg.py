@@ -1,7 +1,7 @@
 """DDPG (Lillicrap et al. 2015) and, with its options, TD3 (Fujimoto et al. 2018).
 
 TD3 = ``num_critic_replicas=2`` (clipped double Q), ``target_policy_noise`` (target policy
-smoothing) and ``actor_update_period=2`` (delayed actor and target updates); ``make("td3")``
+smoothing) and ``actor_update_period=2`` (delayed actor and target updates); ``Td3Config``
 sets them. Training batches are batch-major ``[B, T]`` windows (default ``T = 2``)::
 
     a'        = clip(mu_target(s') + clip(N(0, sigma), -c, c))      (sigma = 0 for DDPG)
@@ -18,84 +18,49 @@ import copy
 import torch
 
 from algorithms.base import RLAlgorithm
+from algorithms.configs import DdpgConfig
 from algorithms.data import AlgStep, Experience, LossInfo, StepType, TimeStep, to_tensor
 from algorithms.losses import TDLoss, critic_td_loss, one_step_window
 from algorithms.networks import ActorNetwork, ParallelCriticNetwork
 
 
 class DdpgAlgorithm(RLAlgorithm):
-    """DDPG / TD3 for a bounded ``Box`` action space.
-
-    actor_fc_layer_params: hidden sizes of the actor.
-    critic_fc_layer_params: hidden sizes of each critic.
-    actor_learning_rate: Adam learning rate of the actor.
-    critic_learning_rate: Adam learning rate of the critics.
-    gamma: discount factor.
-    mini_batch_length: replay window length T (2 = one-step targets).
-    td_lambda: λ of the critic target when ``mini_batch_length > 2``.
-    td_error_loss_fn: ``"squared"`` or ``"huber"``.
-    num_critic_replicas: number of critics; targets take their minimum (2 for TD3).
-    exploration_noise: ``"ou"`` (Ornstein-Uhlenbeck) or ``"gaussian"``.
-    ou_stddev: stddev of the exploration noise.
-    ou_damping: damping of the OU process.
-    rollout_random_action: probability of a uniformly random rollout action.
-    target_policy_noise: stddev of the target policy smoothing noise (TD3; 0 = off).
-    target_policy_noise_clip: clip of the smoothing noise.
-    actor_update_period: update the actor and targets every this many critic updates.
-    target_update_tau: soft-update factor of the targets.
-    target_update_period: soft-update every this many actor updates.
-    dqda_clipping: clip dQ/da element-wise in the actor loss (None = off).
-    action_l2: weight of the squared action norm in the actor loss.
-    initial_random_steps: rollout env steps with uniformly random actions.
-    max_grad_norm: gradient clipping norm (None = off).
-    """
+    """DDPG / TD3 for a bounded ``Box`` action space; hyperparameters: see :class:`DdpgConfig`
+    (TD3: :class:`Td3Config`)."""
 
     on_policy = False
     _policy_modules = ("actor_network",)
 
-    def __init__(self, observation_space, action_space, *, actor_fc_layer_params=(256, 256),
-                 critic_fc_layer_params=(256, 256), actor_learning_rate: float = 1e-3,
-                 critic_learning_rate: float = 1e-3, gamma: float = 0.99,
-                 mini_batch_length: int = 2, td_lambda: float = 0.95,
-                 td_error_loss_fn: str = "squared", num_critic_replicas: int = 1,
-                 exploration_noise: str = "ou", ou_stddev: float = 0.2, ou_damping: float = 0.15,
-                 rollout_random_action: float = 0.0, target_policy_noise: float = 0.0,
-                 target_policy_noise_clip: float = 0.5, actor_update_period: int = 1,
-                 target_update_tau: float = 0.005, target_update_period: int = 1,
-                 dqda_clipping: float | None = None, action_l2: float = 0.0,
-                 initial_random_steps: int = 0, max_grad_norm: float | None = None,
-                 device="cpu", encoder: str = "mlp", image_layout: str = "auto",
-                 data_transformers=(), precision: str = "float32"):
-        super().__init__(observation_space, action_space, device, max_grad_norm,
-                         encoder=encoder, image_layout=image_layout,
-                         data_transformers=data_transformers, precision=precision)
+    def __init__(self, observation_space, action_space, config: DdpgConfig, device="cpu"):
+        super().__init__(observation_space, action_space, config, device)
+        c = config
         assert not self.discrete, "DdpgAlgorithm needs a Box action space"
-        assert exploration_noise in ("ou", "gaussian"), exploration_noise
-        self.actor_network = ActorNetwork(self.input_space, action_space, actor_fc_layer_params,
-                                          **self.net_kwargs)
+        assert c.exploration_noise in ("ou", "gaussian"), c.exploration_noise
+        self.actor_network = ActorNetwork(self.input_space, action_space,
+                                          c.actor_fc_layer_params, **self.net_kwargs)
         self.critic_networks = ParallelCriticNetwork(self.input_space, action_space,
-                                                     critic_fc_layer_params, num_critic_replicas,
-                                                     **self.net_kwargs)
+                                                     c.critic_fc_layer_params,
+                                                     c.num_critic_replicas, **self.net_kwargs)
         self.target_actor_network = copy.deepcopy(self.actor_network).requires_grad_(False)
         self.target_critic_networks = copy.deepcopy(self.critic_networks).requires_grad_(False)
-        self.mini_batch_length = mini_batch_length + self.history_length
-        self.td_loss = TDLoss(gamma=gamma, td_error_loss_fn=td_error_loss_fn,
-                              td_lambda=td_lambda if mini_batch_length > 2 else 0.0)
+        self.mini_batch_length = c.mini_batch_length + self.history_length
+        self.td_loss = TDLoss(gamma=c.gamma, td_error_loss_fn=c.td_error_loss_fn,
+                              td_lambda=c.td_lambda if c.mini_batch_length > 2 else 0.0)
         self.exploration_noise, self.ou_stddev, self.ou_damping = (
-            exploration_noise, ou_stddev, ou_damping)
-        self.rollout_random_action = rollout_random_action
-        self.target_policy_noise = target_policy_noise
-        self.target_policy_noise_clip = target_policy_noise_clip
-        self.actor_update_period = actor_update_period
-        self.target_update_tau = target_update_tau
-        self.target_update_period = target_update_period
-        self.dqda_clipping = dqda_clipping
-        self.action_l2 = action_l2
-        self.initial_random_steps = initial_random_steps
+            c.exploration_noise, c.ou_stddev, c.ou_damping)
+        self.rollout_random_action = c.rollout_random_action
+        self.target_policy_noise = c.target_policy_noise
+        self.target_policy_noise_clip = c.target_policy_noise_clip
+        self.actor_update_period = c.actor_update_period
+        self.target_update_tau = c.target_update_tau
+        self.target_update_period = c.target_update_period
+        self.dqda_clipping = c.dqda_clipping
+        self.action_l2 = c.action_l2
+        self.initial_random_steps = c.initial_random_steps
         self._ou_state: torch.Tensor | None = None
         self.to(self.device)
-        self._add_optimizer("actor", self.actor_network.parameters(), actor_learning_rate)
-        self._add_optimizer("critic", self.critic_networks.parameters(), critic_learning_rate)
+        self._add_optimizer("actor", self.actor_network.parameters(), c.actor_learning_rate)
+        self._add_optimizer("critic", self.critic_networks.parameters(), c.critic_learning_rate)
 
     def _normalize(self, a):
         return (a - self.actor_network.scaler.bias) / self.actor_network.scaler.scale

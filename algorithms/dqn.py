@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 
 from algorithms.base import RLAlgorithm, _scalars
+from algorithms.configs import DqnConfig
 from algorithms.data import (
     AlgStep,
     Experience,
@@ -36,63 +37,31 @@ from algorithms.networks import QNetwork
 
 
 class DqnAlgorithm(RLAlgorithm):
-    """DQN for a ``Discrete`` action space.
-
-    fc_layer_params: hidden sizes of the Q network.
-    conv_layer_params: ``(filters, kernel, stride)`` conv layers for image observations.
-    learning_rate: Adam learning rate.
-    gamma: discount factor.
-    n_step: length of the bootstrapped return; batches must be ``n_step + 1`` long.
-    td_lambda: λ of the target within the window (default 1 for n-step, ignored if n_step=1).
-    td_error_loss_fn: ``"huber"`` or ``"squared"``.
-    double_q: pick the target action with the online network (Double DQN).
-    target_update_tau: soft-update factor of the target network (1 = hard copy).
-    target_update_period: update the target every this many gradient steps.
-    rollout_epsilon_greedy: final exploration epsilon of ``rollout_step``.
-    epsilon_greedy_start: initial exploration epsilon.
-    epsilon_decay_steps: rollout env steps over which epsilon decays linearly to its final value.
-    initial_random_steps: rollout env steps with uniformly random actions.
-    max_grad_norm: gradient clipping norm (None = off).
-    """
+    """DQN for a ``Discrete`` action space; hyperparameters: see :class:`DqnConfig`."""
 
     on_policy = False
     _policy_modules = ("q_network",)
 
-    def __init__(self, observation_space, action_space, *, fc_layer_params=(256, 256),
-                 conv_layer_params=None, learning_rate: float = 1e-3, gamma: float = 0.99,
-                 n_step: int = 1, td_lambda: float = 1.0, td_error_loss_fn: str = "huber",
-                 double_q: bool = True, target_update_tau: float = 1.0,
-                 target_update_period: int = 100, rollout_epsilon_greedy: float = 0.05,
-                 epsilon_greedy_start: float = 1.0, epsilon_decay_steps: int = 10000,
-                 initial_random_steps: int = 0, max_grad_norm: float | None = 10.0,
-                 device="cpu", encoder: str = "mlp", image_layout: str = "auto",
-                 data_transformers=(), precision: str = "float32"):
-        super().__init__(observation_space, action_space, device, max_grad_norm,
-                         encoder=encoder, image_layout=image_layout,
-                         data_transformers=data_transformers, precision=precision)
+    def __init__(self, observation_space, action_space, config: DqnConfig, device="cpu"):
+        super().__init__(observation_space, action_space, config, device)
         assert self.discrete, "DqnAlgorithm needs a Discrete action space"
-        self.q_network = QNetwork(self.input_space, action_space, fc_layer_params,
-                                  conv_layer_params, **self.net_kwargs)
+        self.q_network = QNetwork(self.input_space, action_space, config.fc_layer_params,
+                                  **self.net_kwargs)
         self.target_q_network = copy.deepcopy(self.q_network).requires_grad_(False)
         self.num_actions = int(action_space.n)
-        self.double_q = double_q
-        self.n_step = n_step
-        self.mini_batch_length = n_step + 1 + self.history_length
-        self.td_loss = TDLoss(gamma=gamma, td_error_loss_fn=td_error_loss_fn,
-                              td_lambda=td_lambda if n_step > 1 else 0.0)
-        self.target_update_tau = target_update_tau
-        self.target_update_period = target_update_period
-        self.epsilon_final = rollout_epsilon_greedy
-        self.epsilon_start = epsilon_greedy_start
-        self.epsilon_decay_steps = epsilon_decay_steps
-        self.initial_random_steps = initial_random_steps
+        self.mini_batch_length = config.n_step + 1 + self.history_length
+        self.td_loss = TDLoss(gamma=config.gamma, td_error_loss_fn=config.td_error_loss_fn,
+                              td_lambda=config.td_lambda if config.n_step > 1 else 0.0)
         self.to(self.device)
-        self._add_optimizer("q", self.q_network.parameters(), learning_rate)
+        self._add_optimizer("q", self.q_network.parameters(), config.learning_rate)
         self._by_hand = self._by_hand_networks()
 
     def epsilon(self) -> float:
-        frac = min(1.0, self.env_steps / max(1, self.epsilon_decay_steps))
-        return self.epsilon_start + frac * (self.epsilon_final - self.epsilon_start)
+        """The exploration epsilon after ``env_steps``: linear from ``epsilon_greedy_start``
+        to ``rollout_epsilon_greedy`` over ``epsilon_decay_steps``."""
+        c = self.config
+        frac = min(1.0, self.env_steps / max(1, c.epsilon_decay_steps))
+        return c.epsilon_greedy_start + frac * (c.rollout_epsilon_greedy - c.epsilon_greedy_start)
 
     @torch.no_grad()
     def predict_step(self, time_step: TimeStep, state=()) -> AlgStep:
@@ -103,7 +72,7 @@ class DqnAlgorithm(RLAlgorithm):
     def rollout_step(self, time_step: TimeStep, state=()) -> AlgStep:
         greedy = self.predict_step(time_step, state).output
         b = greedy.shape[0]
-        eps = 1.0 if self.env_steps < self.initial_random_steps else self.epsilon()
+        eps = 1.0 if self.env_steps < self.config.initial_random_steps else self.epsilon()
         random_a = torch.randint(0, self.num_actions, (b,), device=self.device)
         explore = torch.rand(b, device=self.device) < eps
         self._count_env_steps(b)
@@ -130,7 +99,7 @@ class DqnAlgorithm(RLAlgorithm):
             # runs on rows 1..T-1 only.
             next_obs = exp.observation[:, 1:].flatten(0, 1)
             q_target_next = self.target_q_network(next_obs).view(B, T - 1, -1)
-            chooser = self.q_network(next_obs).view(B, T - 1, -1) if self.double_q \
+            chooser = self.q_network(next_obs).view(B, T - 1, -1) if self.config.double_q \
                 else q_target_next
             a_star = chooser.argmax(-1, keepdim=True)
             target_next = q_target_next.gather(-1, a_star).squeeze(-1)
@@ -149,7 +118,7 @@ class DqnAlgorithm(RLAlgorithm):
         with torch.no_grad():
             next_obs = exp.observation[:, 1]
             q_target_next = self.target_q_network(next_obs)
-            chooser = self.q_network(next_obs) if self.double_q else q_target_next
+            chooser = self.q_network(next_obs) if self.config.double_q else q_target_next
             target, valid = self._one_step_target(exp, q_target_next, chooser)
         return AlgStep(info={"exp": exp, "q_rows": q[:, None], "one_step": (q, target, valid)})
 
@@ -190,11 +159,11 @@ class DqnAlgorithm(RLAlgorithm):
         B = exp.step_type.shape[0]
         action = exp.action[:, :1]
         obs, next_obs = exp.observation[:, 0], exp.observation[:, 1]
-        q_both, inputs = online.forward(torch.cat([obs, next_obs]) if self.double_q else obs)
+        q_both, inputs = online.forward(torch.cat([obs, next_obs]) if self.config.double_q else obs)
         q = q_both[:B].gather(-1, action).squeeze(-1)                                   # [B]
         q_target_next = target_net.forward(next_obs)[0]
         target, valid = self._one_step_target(
-            exp, q_target_next, q_both[B:] if self.double_q else q_target_next)
+            exp, q_target_next, q_both[B:] if self.config.double_q else q_target_next)
         error = (q - target).mul_(valid)  # 0 where row 0 is LAST
         # d(mean of w * loss)/dq, per sample, placed at the action taken.
         slope = _LOSS_SLOPES[self.td_loss.td_error_loss_fn](error)
@@ -241,8 +210,9 @@ class DqnAlgorithm(RLAlgorithm):
         return LossInfo(loss=per_sample, priority=td_error.abs().detach(), extra=extra)
 
     def after_update(self, info=None) -> None:
-        if self.num_updates % self.target_update_period == 0:
-            self._soft_update(self.target_q_network, self.q_network, self.target_update_tau)
+        if self.num_updates % self.config.target_update_period == 0:
+            self._soft_update(self.target_q_network, self.q_network,
+                              self.config.target_update_tau)
 
 
 # d loss(target, q) / dq of each named TD loss, as a function of ``q - target``

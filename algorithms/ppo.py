@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from algorithms.base import RLAlgorithm, _scalars
+from algorithms.configs import PpoConfig
 from algorithms.data import AlgStep, Experience, LossInfo, StepType, TimeStep, TrainResult
 from algorithms.losses import PPOLoss, advantages_and_returns
 from algorithms.networks import (
@@ -85,54 +86,18 @@ class RecurrentCores(nn.Module):
 
 
 class PPOAlgorithm(RLAlgorithm):
-    """PPO for discrete or continuous actions.
-
-    actor_fc_layer_params: hidden sizes of the actor.
-    value_fc_layer_params: hidden sizes of the value network.
-    learning_rate: Adam learning rate (one optimizer for actor and value).
-    gamma: discount factor.
-    td_lambda: λ of GAE.
-    importance_ratio_clipping: epsilon of the clipped objective.
-    log_prob_clipping: if > 0, clip log-probs to ``(-c, c)`` in the ratio.
-    normalize_advantages: normalize advantages per mini-batch.
-    advantage_clip: clip advantages to ``[-x, x]`` if set.
-    entropy_regularization: entropy coefficient.
-    td_loss_weight: value-loss coefficient.
-    num_epochs: passes over each unroll (ALF's ``num_updates_per_train_iter``).
-    mini_batch_size: samples per gradient step.
-    max_grad_norm: gradient clipping norm (None = off).
-    init_std: initial std of the Gaussian policy (continuous actions).
-    activation: ``tanh`` or ``relu``, after every hidden layer (conv layers included).
-    orthogonal_init: orthogonal initialization (see the module doc); else torch's default,
-        with the policy head scaled by 0.01.
-    learning_rate_anneal_steps: trained env steps over which the learning rate decays
-        linearly to 0 (None = constant).
-    shared_encoder_fc_layer_params: None = separate actor and value networks; a list = one
-        encoder plus these layers shared by both (see ``actor_critic_trunk``).
-    rnn_size: hidden size of a GRU cell between the (then shared) encoder and the heads: a
-        recurrent policy (see the module doc); None = feed-forward.
-    """
+    """PPO for discrete or continuous actions; hyperparameters: see :class:`PpoConfig` (the
+    options are described in the module doc)."""
 
     on_policy = True
     _policy_modules = ("encoding_network", "actor_network", "value_network")
 
-    def __init__(self, observation_space, action_space, *, actor_fc_layer_params=(64, 64),
-                 value_fc_layer_params=(64, 64), learning_rate: float = 3e-4,
-                 gamma: float = 0.99, td_lambda: float = 0.95,
-                 importance_ratio_clipping: float = 0.2, log_prob_clipping: float = 0.0,
-                 normalize_advantages: bool = True, advantage_clip: float | None = None,
-                 entropy_regularization: float = 0.0, td_loss_weight: float = 0.5,
-                 num_epochs: int = 4, mini_batch_size: int = 64,
-                 max_grad_norm: float | None = 0.5, init_std: float = 1.0,
-                 activation: str = "tanh", orthogonal_init: bool = False,
-                 learning_rate_anneal_steps: int | None = None, device="cpu",
-                 encoder: str = "mlp", image_layout: str = "auto", data_transformers=(),
-                 precision: str = "float32", shared_encoder_fc_layer_params=None,
-                 rnn_size: int | None = None):
-        super().__init__(observation_space, action_space, device, max_grad_norm,
-                         encoder=encoder, image_layout=image_layout,
-                         data_transformers=data_transformers, precision=precision)
-        act = ACTIVATIONS[activation]
+    def __init__(self, observation_space, action_space, config: PpoConfig, device="cpu"):
+        super().__init__(observation_space, action_space, config, device)
+        c = config
+        rnn_size = c.rnn_size
+        shared_encoder_fc_layer_params = c.shared_encoder_fc_layer_params
+        act = ACTIVATIONS[c.activation]
         if rnn_size is not None and shared_encoder_fc_layer_params is None:
             shared_encoder_fc_layer_params = []  # the GRU takes one feature vector
         self.encoding_network, heads_in, heads_kwargs = actor_critic_trunk(
@@ -143,28 +108,28 @@ class PPOAlgorithm(RLAlgorithm):
             heads_in = gym.spaces.Box(-np.inf, np.inf, (rnn_size,), np.float32)
             self._policy_modules = (*type(self)._policy_modules, "rnn")
         self.actor_network = ActorDistributionNetwork(
-            heads_in, action_space, actor_fc_layer_params, activation=act,
-            continuous_projection="normal", init_std=init_std, last_layer_scale=0.01,
+            heads_in, action_space, c.actor_fc_layer_params, activation=act,
+            continuous_projection="normal", init_std=c.init_std, last_layer_scale=0.01,
             **heads_kwargs)
-        self.value_network = ValueNetwork(heads_in, value_fc_layer_params, activation=act,
+        self.value_network = ValueNetwork(heads_in, c.value_fc_layer_params, activation=act,
                                           **heads_kwargs)
-        if orthogonal_init:
+        if c.orthogonal_init:
             orthogonal_init_(self.encoding_network)
             orthogonal_init_(self.actor_network, 0.01)
             orthogonal_init_(self.value_network, 1.0)
-        self.gamma, self.td_lambda = gamma, td_lambda
-        self.loss = PPOLoss(importance_ratio_clipping=importance_ratio_clipping,
-                            log_prob_clipping=log_prob_clipping,
-                            normalize_advantages=normalize_advantages,
-                            advantage_clip=advantage_clip,
-                            entropy_regularization=entropy_regularization,
-                            td_loss_weight=td_loss_weight)
-        self.num_epochs, self.mini_batch_size = num_epochs, mini_batch_size
-        self.learning_rate = learning_rate
-        self.learning_rate_anneal_steps = learning_rate_anneal_steps
+        self.gamma, self.td_lambda = c.gamma, c.td_lambda
+        self.loss = PPOLoss(importance_ratio_clipping=c.importance_ratio_clipping,
+                            log_prob_clipping=c.log_prob_clipping,
+                            normalize_advantages=c.normalize_advantages,
+                            advantage_clip=c.advantage_clip,
+                            entropy_regularization=c.entropy_regularization,
+                            td_loss_weight=c.td_loss_weight)
+        self.num_epochs, self.mini_batch_size = c.num_epochs, c.mini_batch_size
+        self.learning_rate = c.learning_rate
+        self.learning_rate_anneal_steps = c.learning_rate_anneal_steps
         self.register_buffer("trained_env_steps", torch.zeros((), dtype=torch.int64))
         self.to(self.device)
-        self._add_optimizer("ac", self.parameters(), learning_rate, eps=1e-5)
+        self._add_optimizer("ac", self.parameters(), c.learning_rate, eps=1e-5)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # Checkpoints written before the schedule existed have no counter: start it at 0.

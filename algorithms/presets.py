@@ -1,35 +1,41 @@
 """Reference tasks: hyperparameters, env-step budget and threshold for each (algorithm, env).
 
 Used by the learning tests and ``bench/learning.py`` (which gives Stable-Baselines3 the same
-numbers). ``algorithm`` holds ``make`` keyword arguments, ``trainer`` holds ``TrainerConfig``
-fields.
+numbers). ``algorithm`` is a named config instance (:mod:`algorithms.configs`; fields not
+given keep the config's defaults), ``trainer`` holds ``TrainerConfig`` fields.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from algorithms.configs import A2cConfig, DdpgConfig, DqnConfig, PpoConfig, SacConfig, Td3Config
 
 
 @dataclass(frozen=True)
 class Preset:
     """One reference task.
 
-    algo: registry name.
     env_id: Gymnasium id.
     budget: env-step budget of the issue.
     threshold: mean greedy return over 10 episodes to reach within the budget.
-    algorithm: algorithm hyperparameters.
+    algorithm: the algorithm's config.
     trainer: ``TrainerConfig`` fields.
     seed: representative seed for the CI run.
     """
 
-    algo: str
     env_id: str
     budget: int
     threshold: float
-    algorithm: dict = field(default_factory=dict)
+    algorithm: Any
     trainer: dict = field(default_factory=dict)
     seed: int = 0
+
+    @property
+    def algo(self) -> str:
+        """The algorithm's registry name (its config's ``name``)."""
+        return self.algorithm.name
 
 
 PRESETS: dict[str, Preset] = {
@@ -37,56 +43,59 @@ PRESETS: dict[str, Preset] = {
     # reached 475 at 7k-38k env steps (median 25k), against 8k-47k (median 35.5k) with 1e-3 and
     # 8k, whose tail came close enough to the 50k budget to fail CI once.
     "dqn-CartPole-v1": Preset(
-        "dqn", "CartPole-v1", 50_000, 475.0,
-        algorithm=dict(fc_layer_params=(256, 256), learning_rate=2.3e-3, gamma=0.99, n_step=1,
-                       target_update_period=128, rollout_epsilon_greedy=0.04,
-                       epsilon_decay_steps=4000, td_error_loss_fn="huber"),
+        "CartPole-v1", 50_000, 475.0,
+        algorithm=DqnConfig(
+            fc_layer_params=[256, 256], learning_rate=2.3e-3, gamma=0.99, n_step=1,
+            target_update_period=128, rollout_epsilon_greedy=0.04, epsilon_decay_steps=4000,
+            td_error_loss_fn="huber"),
         trainer=dict(num_envs=4, unroll_length=64, initial_collect_steps=1000,
                      num_updates_per_train_iter=128, mini_batch_size=64,
                      replay_buffer_length=25_000, eval_interval=2500)),
     "sac-Pendulum-v1": Preset(
-        "sac", "Pendulum-v1", 20_000, -200.0,
-        algorithm=dict(actor_fc_layer_params=(256, 256), critic_fc_layer_params=(256, 256),
-                       actor_learning_rate=1e-3, critic_learning_rate=1e-3,
-                       alpha_learning_rate=1e-3, gamma=0.99, target_update_tau=0.005,
-                       initial_random_steps=1000),
+        "Pendulum-v1", 20_000, -200.0,
+        algorithm=SacConfig(
+            actor_fc_layer_params=[256, 256], critic_fc_layer_params=[256, 256],
+            actor_learning_rate=1e-3, critic_learning_rate=1e-3, alpha_learning_rate=1e-3,
+            gamma=0.99, target_update_tau=0.005, initial_random_steps=1000),
         trainer=dict(num_envs=1, unroll_length=1, initial_collect_steps=1000,
                      num_updates_per_train_iter=1, mini_batch_size=256,
                      replay_buffer_length=20_000, eval_interval=1000)),
     "sac-CartPole-v1": Preset(
-        "sac", "CartPole-v1", 50_000, 450.0,
-        algorithm=dict(actor_fc_layer_params=(256, 256), critic_fc_layer_params=(256, 256),
-                       actor_learning_rate=1e-3, critic_learning_rate=1e-3,
-                       alpha_learning_rate=1e-3, gamma=0.99, target_update_tau=0.05,
-                       mini_batch_length=3, td_lambda=0.95, target_entropy_scale=0.3,
-                       initial_random_steps=1000),
+        "CartPole-v1", 50_000, 450.0,
+        algorithm=SacConfig(
+            actor_fc_layer_params=[256, 256], critic_fc_layer_params=[256, 256],
+            actor_learning_rate=1e-3, critic_learning_rate=1e-3, alpha_learning_rate=1e-3,
+            gamma=0.99, target_update_tau=0.05, mini_batch_length=3, td_lambda=0.95,
+            target_entropy_scale=0.3, initial_random_steps=1000),
         trainer=dict(num_envs=4, unroll_length=1, initial_collect_steps=1000,
                      num_updates_per_train_iter=2, mini_batch_size=128,
                      replay_buffer_length=12_500, eval_interval=2500)),
     "td3-Pendulum-v1": Preset(
-        "td3", "Pendulum-v1", 20_000, -200.0,
-        algorithm=dict(actor_fc_layer_params=(256, 256), critic_fc_layer_params=(256, 256),
-                       actor_learning_rate=1e-3, critic_learning_rate=1e-3, gamma=0.98,
-                       exploration_noise="gaussian", ou_stddev=0.1, target_update_tau=0.005,
-                       initial_random_steps=1000),
+        "Pendulum-v1", 20_000, -200.0,
+        algorithm=Td3Config(
+            actor_fc_layer_params=[256, 256], critic_fc_layer_params=[256, 256],
+            actor_learning_rate=1e-3, critic_learning_rate=1e-3, gamma=0.98,
+            exploration_noise="gaussian", ou_stddev=0.1, target_update_tau=0.005,
+            initial_random_steps=1000),
         trainer=dict(num_envs=1, unroll_length=1, initial_collect_steps=1000,
                      num_updates_per_train_iter=1, mini_batch_size=256,
                      replay_buffer_length=20_000, eval_interval=1000)),
     "ddpg-Pendulum-v1": Preset(
-        "ddpg", "Pendulum-v1", 30_000, -250.0,
-        algorithm=dict(actor_fc_layer_params=(256, 256), critic_fc_layer_params=(256, 256),
-                       actor_learning_rate=1e-3, critic_learning_rate=1e-3, gamma=0.98,
-                       exploration_noise="ou", ou_stddev=0.1, ou_damping=0.15,
-                       target_update_tau=0.005, initial_random_steps=1000),
+        "Pendulum-v1", 30_000, -250.0,
+        algorithm=DdpgConfig(
+            actor_fc_layer_params=[256, 256], critic_fc_layer_params=[256, 256],
+            actor_learning_rate=1e-3, critic_learning_rate=1e-3, gamma=0.98,
+            exploration_noise="ou", ou_stddev=0.1, ou_damping=0.15, target_update_tau=0.005,
+            initial_random_steps=1000),
         trainer=dict(num_envs=1, unroll_length=1, initial_collect_steps=1000,
                      num_updates_per_train_iter=1, mini_batch_size=256,
                      replay_buffer_length=30_000, eval_interval=1000)),
     "ppo-CartPole-v1": Preset(
-        "ppo", "CartPole-v1", 100_000, 475.0,
-        algorithm=dict(actor_fc_layer_params=(64, 64), value_fc_layer_params=(64, 64),
-                       learning_rate=1e-3, gamma=0.98, td_lambda=0.8,
-                       importance_ratio_clipping=0.2, entropy_regularization=0.0,
-                       td_loss_weight=0.5, num_epochs=20, mini_batch_size=256),
+        "CartPole-v1", 100_000, 475.0,
+        algorithm=PpoConfig(
+            actor_fc_layer_params=[64, 64], value_fc_layer_params=[64, 64], learning_rate=1e-3,
+            gamma=0.98, td_lambda=0.8, importance_ratio_clipping=0.2, entropy_regularization=0.0,
+            td_loss_weight=0.5, num_epochs=20, mini_batch_size=256),
         trainer=dict(num_envs=8, unroll_length=32, eval_interval=5000)),
     # Recurrent PPO on CartPole without its velocities: RL Zoo's RecurrentPPO settings for
     # CartPoleNoVel-v1 (64-unit cells, a critic of its own, ReLU, learning rate 1e-3 decaying
@@ -94,20 +103,20 @@ PRESETS: dict[str, Preset] = {
     # 0.01 (without it seed 1 plateaued at 423 to 150k; with it seeds 0-4 reached 475 at
     # 30k-60k env steps).
     "ppo-CartPoleNoVelocity-v1": Preset(
-        "ppo", "CartPoleNoVelocity-v1", 150_000, 475.0,
-        algorithm=dict(shared_encoder_fc_layer_params=(64,), rnn_size=64,
-                       actor_fc_layer_params=(64,), value_fc_layer_params=(64,),
-                       activation="relu", learning_rate=1e-3,
-                       learning_rate_anneal_steps=100_000, gamma=0.98, td_lambda=0.8,
-                       importance_ratio_clipping=0.2, entropy_regularization=0.01,
-                       td_loss_weight=0.5, num_epochs=20, mini_batch_size=256),
+        "CartPoleNoVelocity-v1", 150_000, 475.0,
+        algorithm=PpoConfig(
+            shared_encoder_fc_layer_params=[64], rnn_size=64, actor_fc_layer_params=[64],
+            value_fc_layer_params=[64], activation="relu", learning_rate=1e-3,
+            learning_rate_anneal_steps=100_000, gamma=0.98, td_lambda=0.8,
+            importance_ratio_clipping=0.2, entropy_regularization=0.01, td_loss_weight=0.5,
+            num_epochs=20, mini_batch_size=256),
         trainer=dict(num_envs=8, unroll_length=32, eval_interval=5000)),
     "a2c-CartPole-v1": Preset(
-        "a2c", "CartPole-v1", 300_000, 450.0,
-        algorithm=dict(actor_fc_layer_params=(64, 64), value_fc_layer_params=(64, 64),
-                       learning_rate=1e-3, gamma=0.99, use_gae=True, td_lambda=0.95,
-                       entropy_regularization=0.0, td_loss_weight=0.5,
-                       normalize_advantages=True),
+        "CartPole-v1", 300_000, 450.0,
+        algorithm=A2cConfig(
+            actor_fc_layer_params=[64, 64], value_fc_layer_params=[64, 64], learning_rate=1e-3,
+            gamma=0.99, use_gae=True, td_lambda=0.95, entropy_regularization=0.0,
+            td_loss_weight=0.5, normalize_advantages=True),
         trainer=dict(num_envs=8, unroll_length=8, eval_interval=10_000)),
 }
 
@@ -121,7 +130,7 @@ def make_algorithm(p: Preset, seed: int, device="cpu"):
 
     torch.manual_seed(seed)
     obs_space, action_space = env_spaces(p.env_id)
-    return algorithms.make(p.algo, obs_space, action_space, device=device, **p.algorithm)
+    return algorithms.make(p.algorithm, obs_space, action_space, device=device)
 
 
 def get_preset(algo: str, env_id: str) -> Preset:

@@ -6,17 +6,23 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
+from algorithms.configs import RandomConfig
 from algorithms.steps import TimeStep
 
 
 class RandomPolicy:
-    """The algorithm interface's acting half, with nothing to learn."""
+    """The algorithm interface's acting half, with nothing to learn; options: see
+    :class:`RandomConfig`."""
 
     on_policy = False
 
-    def __init__(self, action_space: gym.Space, seed: int = 0):
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space,
+                 config: RandomConfig, device="cpu"):
+        """``observation_space`` and ``device`` are unused: the constructor every algorithm
+        has. The sampler is seeded from ``config.seed``."""
+        self.config = config
         self.action_space = action_space
-        self.action_space.seed(seed)
+        self.action_space.seed(config.seed)
 
     def get_initial_state(self, batch_size: int):
         return ()

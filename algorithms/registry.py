@@ -1,16 +1,13 @@
 """``make(config, observation_space, action_space, device)``: the one place that maps algorithm
-configs (:mod:`algorithms.configs`) to algorithm classes.
-
-The older keyword form ``make(name, observation_space, action_space, device, **kwargs)`` stays
-for scripts and tests; unknown keyword arguments raise ``TypeError`` naming the key.
+configs (:mod:`algorithms.configs`) to algorithm classes, and the one way to build an
+algorithm. A config comes from a graph (:func:`algorithms.configs.parse`) or from code
+(``DqnConfig(gamma=0.9)``); every class takes ``(observation_space, action_space, config,
+device)``.
 """
 
 from __future__ import annotations
 
 import importlib
-import inspect
-
-from algorithms import configs
 
 # name -> (module, class)
 _ALGORITHMS: dict[str, tuple[str, str]] = {
@@ -37,37 +34,10 @@ def algorithm_class(name: str):
     return getattr(importlib.import_module(module), cls)
 
 
-def hyperparameters(name: str) -> dict[str, object]:
-    """Default keyword arguments of algorithm ``name`` (variant defaults applied)."""
-    cls = algorithm_class(name)
-    sig = inspect.signature(cls.__init__)
-    out = {k: p.default for k, p in sig.parameters.items()
-           if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    out.update(configs.hyperparameters(configs.config_class(name)()))
-    return out
-
-
-def make(config, observation_space, action_space, device="cpu", **kwargs):
-    """Build the algorithm a config (from :func:`algorithms.configs.parse`) describes.
-
-    ``config`` may also be a name (``dqn``, ``sac``, ``ppo``, ``a2c``, ``ddpg``, ``td3``) with
-    the hyperparameters as keyword arguments; the variant's defaults (td3) apply.
-    """
-    if isinstance(config, str):
-        name = config
-        cls = algorithm_class(name)
-        allowed = set(hyperparameters(name)) - {"device"}
-        for key in kwargs:
-            if key not in allowed:
-                raise TypeError(f"{name}: unknown hyperparameter {key!r}")
-        params = {**configs.hyperparameters(configs.config_class(name)()), **kwargs}
-        return cls(observation_space, action_space, device=device, **params)
-    if kwargs:
-        raise TypeError(f"make(config, ...) takes no hyperparameters: {sorted(kwargs)}")
-    cls = algorithm_class(config.name)
-    if config.name == "random":
-        return cls(action_space, seed=config.seed)
-    return cls(observation_space, action_space, device=device,
-               encoder=config.encoder, image_layout=config.image_layout,
-               data_transformers=config.data_transformers, precision=config.precision,
-               **configs.hyperparameters(config))
+def make(config, observation_space, action_space, device="cpu"):
+    """The algorithm ``config`` (an :mod:`algorithms.configs` dataclass) describes."""
+    name = getattr(config, "name", None)
+    if not isinstance(name, str):
+        raise TypeError(f"make takes an algorithm config (algorithms.configs.parse({{'name': "
+                        f"...}}) or e.g. DqnConfig(...)), got {type(config).__name__}")
+    return algorithm_class(name)(observation_space, action_space, config, device=device)

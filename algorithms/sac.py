@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from algorithms.base import RLAlgorithm
+from algorithms.configs import SacConfig
 from algorithms.data import AlgStep, Experience, LossInfo, TimeStep, TrainResult
 from algorithms.losses import (
     TDLoss,
@@ -39,79 +40,44 @@ from algorithms.networks import (
 
 
 class SacAlgorithm(RLAlgorithm):
-    """SAC / discrete SAC.
-
-    actor_fc_layer_params: hidden sizes of the actor.
-    critic_fc_layer_params: hidden sizes of each critic.
-    actor_learning_rate: Adam learning rate of the actor.
-    critic_learning_rate: Adam learning rate of the critics.
-    alpha_learning_rate: Adam learning rate of ``log_alpha``.
-    gamma: discount factor.
-    mini_batch_length: replay window length T (2 = one-step targets).
-    td_lambda: λ of the critic target when ``mini_batch_length > 2``.
-    td_error_loss_fn: ``"squared"`` or ``"huber"``.
-    num_critic_replicas: number of critics; the target takes their minimum.
-    target_entropy: entropy target; None = ``-action_dim`` (continuous) or
-        ``target_entropy_scale * log(n)`` (discrete).
-    target_entropy_scale: see ``target_entropy`` (discrete only).
-    initial_log_alpha: initial ``log_alpha``.
-    max_log_alpha: cap of ``log_alpha`` (None = no cap).
-    use_entropy_reward: include ``-alpha log pi`` in the target value.
-    target_update_tau: soft-update factor of the target critics.
-    target_update_period: soft-update every this many gradient steps.
-    initial_random_steps: rollout env steps with uniformly random actions.
-    max_grad_norm: gradient clipping norm (None = off).
-    parallel_update: run the actor's and the critics' halves of an update on two threads
-        (continuous actions, one torch thread; the same update, see :meth:`_update`).
-    """
+    """SAC / discrete SAC; hyperparameters: see :class:`SacConfig` (``parallel_update``: see
+    :meth:`_update`)."""
 
     on_policy = False
     _policy_modules = ("actor_network",)
 
-    def __init__(self, observation_space, action_space, *, actor_fc_layer_params=(256, 256),
-                 critic_fc_layer_params=(256, 256), actor_learning_rate: float = 3e-4,
-                 critic_learning_rate: float = 3e-4, alpha_learning_rate: float = 3e-4,
-                 gamma: float = 0.99, mini_batch_length: int = 2, td_lambda: float = 0.95,
-                 td_error_loss_fn: str = "squared", num_critic_replicas: int = 2,
-                 target_entropy: float | None = None, target_entropy_scale: float = 0.5,
-                 initial_log_alpha: float = 0.0, max_log_alpha: float | None = None,
-                 use_entropy_reward: bool = True, target_update_tau: float = 0.005,
-                 target_update_period: int = 1, initial_random_steps: int = 0,
-                 max_grad_norm: float | None = None, parallel_update: bool = False,
-                 device="cpu", encoder: str = "mlp", image_layout: str = "auto",
-                 data_transformers=(), precision: str = "float32"):
-        super().__init__(observation_space, action_space, device, max_grad_norm,
-                         encoder=encoder, image_layout=image_layout,
-                         data_transformers=data_transformers, precision=precision)
+    def __init__(self, observation_space, action_space, config: SacConfig, device="cpu"):
+        super().__init__(observation_space, action_space, config, device)
+        c = config
         self.actor_network = ActorDistributionNetwork(
-            self.input_space, action_space, actor_fc_layer_params,
+            self.input_space, action_space, c.actor_fc_layer_params,
             continuous_projection="tanh_normal", **self.net_kwargs)
         if self.discrete:
             self.critic_networks = ParallelQNetwork(
-                self.input_space, action_space, critic_fc_layer_params, num_critic_replicas,
-                **self.net_kwargs)
-            default_target = target_entropy_scale * math.log(action_space.n)
+                self.input_space, action_space, c.critic_fc_layer_params,
+                c.num_critic_replicas, **self.net_kwargs)
+            default_target = c.target_entropy_scale * math.log(action_space.n)
         else:
             self.critic_networks = ParallelCriticNetwork(
-                self.input_space, action_space, critic_fc_layer_params, num_critic_replicas,
-                **self.net_kwargs)
+                self.input_space, action_space, c.critic_fc_layer_params,
+                c.num_critic_replicas, **self.net_kwargs)
             default_target = -float(np.prod(action_space.shape))
         self.target_critic_networks = copy.deepcopy(self.critic_networks).requires_grad_(False)
-        self.log_alpha = nn.Parameter(torch.tensor(float(initial_log_alpha)))
-        self.target_entropy = default_target if target_entropy is None else target_entropy
-        self.max_log_alpha = max_log_alpha
-        self.use_entropy_reward = use_entropy_reward
-        self.mini_batch_length = mini_batch_length + self.history_length
-        self.td_loss = TDLoss(gamma=gamma, td_error_loss_fn=td_error_loss_fn,
-                              td_lambda=td_lambda if mini_batch_length > 2 else 0.0)
-        self.target_update_tau = target_update_tau
-        self.target_update_period = target_update_period
-        self.initial_random_steps = initial_random_steps
-        self.parallel_update = parallel_update
+        self.log_alpha = nn.Parameter(torch.tensor(float(c.initial_log_alpha)))
+        self.target_entropy = default_target if c.target_entropy is None else c.target_entropy
+        self.max_log_alpha = c.max_log_alpha
+        self.use_entropy_reward = c.use_entropy_reward
+        self.mini_batch_length = c.mini_batch_length + self.history_length
+        self.td_loss = TDLoss(gamma=c.gamma, td_error_loss_fn=c.td_error_loss_fn,
+                              td_lambda=c.td_lambda if c.mini_batch_length > 2 else 0.0)
+        self.target_update_tau = c.target_update_tau
+        self.target_update_period = c.target_update_period
+        self.initial_random_steps = c.initial_random_steps
+        self.parallel_update = c.parallel_update
         self.to(self.device)
-        self._add_optimizer("actor", self.actor_network.parameters(), actor_learning_rate)
-        self._add_optimizer("critic", self.critic_networks.parameters(), critic_learning_rate)
-        self._add_optimizer("alpha", [self.log_alpha], alpha_learning_rate)
+        self._add_optimizer("actor", self.actor_network.parameters(), c.actor_learning_rate)
+        self._add_optimizer("critic", self.critic_networks.parameters(), c.critic_learning_rate)
+        self._add_optimizer("alpha", [self.log_alpha], c.alpha_learning_rate)
 
     # ----- acting -----------------------------------------------------------------------------
     @torch.no_grad()

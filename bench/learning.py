@@ -51,6 +51,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from algorithms import configs  # noqa: E402
+from algorithms.configs import DqnConfig  # noqa: E402
 from algorithms.data import AlgStep, StepType  # noqa: E402
 from algorithms.evaluation import evaluate  # noqa: E402
 from algorithms.presets import Preset, get_preset, make_algorithm  # noqa: E402
@@ -60,11 +62,11 @@ from nodes._checks import RUNNER_KINDS  # noqa: E402
 # graphs/dqn_minatar.yaml's hyperparameters (``check_graph`` keeps the two the same).
 MINATAR_PRESETS: dict[str, Preset] = {
     "dqn-MinAtar/Breakout-v1": Preset(
-        "dqn", "MinAtar/Breakout-v1", 1_000_000, 8.0,
-        algorithm=dict(encoder="minatar_cnn", fc_layer_params=(128,), learning_rate=3e-4,
-                       gamma=0.99, n_step=3, target_update_period=500,
-                       epsilon_greedy_start=1.0, rollout_epsilon_greedy=0.01,
-                       epsilon_decay_steps=100_000, td_error_loss_fn="huber"),
+        "MinAtar/Breakout-v1", 1_000_000, 8.0,
+        algorithm=DqnConfig(
+            encoder="minatar_cnn", fc_layer_params=[128], learning_rate=3e-4, gamma=0.99,
+            n_step=3, target_update_period=500, epsilon_greedy_start=1.0,
+            rollout_epsilon_greedy=0.01, epsilon_decay_steps=100_000, td_error_loss_fn="huber"),
         trainer=dict(num_envs=16, unroll_length=1, initial_collect_steps=5000,
                      num_updates_per_train_iter=2, mini_batch_size=64,
                      replay_buffer_length=6250, eval_interval=25_000)),
@@ -86,10 +88,13 @@ def check_graph(graph: str, p: Preset) -> None:
 
     g, _ = read(Path(graph).read_text(), graph)
     nodes = g["nodes"]
-    alg = {k: v for k, v in nodes["learner"]["config"]["algorithm"].items() if k != "name"}
-    want = {k: (list(v) if isinstance(v, tuple) else v) for k, v in p.algorithm.items()}
-    if alg != want:
-        raise SystemExit(f"{graph}: algorithm {alg} differs from the bench preset {want}")
+    # The graph's one agent section, or (graphs written before it) the learner's config.
+    block = g["agent"]["algorithm"] if "agent" in g else \
+        nodes["learner"]["config"]["algorithm"]
+    alg = configs.parse(block)
+    if alg != p.algorithm:
+        raise SystemExit(f"{graph}: algorithm {alg} differs from the bench preset "
+                         f"{p.algorithm}")
     t = p.trainer
     runner = next(n["config"] for n in nodes.values() if n["kind"] in RUNNER_KINDS)
     store = nodes["replay_store"]["config"]
@@ -255,7 +260,7 @@ def _sb3_model(p: Preset, env, seed: int):
     import stable_baselines3 as sb3
     from stable_baselines3.common.noise import NormalActionNoise, OrnsteinUhlenbeckActionNoise
 
-    a, t = p.algorithm, p.trainer
+    a, t = configs.to_dict(p.algorithm), p.trainer
     n = t.get("num_envs", 1)
     common = dict(seed=seed, device="cpu", verbose=0)
     # The same algorithm on both sides: SB3's DQN has no double Q; where ours has it (the
@@ -346,7 +351,7 @@ def _recurrent_ppo(p: Preset, env, net: dict, common: dict):
     from sb3_contrib import RecurrentPPO
     from torch import nn
 
-    a, t = p.algorithm, p.trainer
+    a, t = configs.to_dict(p.algorithm), p.trainer
     lr, anneal = a["learning_rate"], a.get("learning_rate_anneal_steps")
     schedule = (lambda left: lr * max(0.0, 1.0 - (1.0 - left) * p.budget / anneal)) \
         if anneal else lr

@@ -46,6 +46,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from algorithms import configs  # noqa: E402
 from algorithms.data import Experience  # noqa: E402
 from algorithms.presets import get_preset, make_algorithm  # noqa: E402
 from algorithms.sync_trainer import (  # noqa: E402
@@ -124,7 +125,7 @@ def mlp(n_in: int, hidden, n_out: int, act=nn.ReLU) -> nn.Sequential:
 
 
 def plain_dqn(p, s):
-    a = p.algorithm
+    a = configs.to_dict(p.algorithm)
     q = mlp(s.observations.shape[1], a["fc_layer_params"], 2)
     target = mlp(s.observations.shape[1], a["fc_layer_params"], 2)
     target.load_state_dict(q.state_dict())
@@ -145,7 +146,7 @@ def plain_dqn(p, s):
 
 
 def plain_sac(p, s):
-    a = p.algorithm
+    a = configs.to_dict(p.algorithm)
     obs_dim, act_dim = s.observations.shape[1], s.actions.shape[1]
     hid = a["critic_fc_layer_params"]
     qf1, qf2 = mlp(obs_dim + act_dim, hid, 1), mlp(obs_dim + act_dim, hid, 1)
@@ -202,7 +203,7 @@ def plain_sac(p, s):
 
 
 def plain_ppo(p, mb: dict):
-    a = p.algorithm
+    a = configs.to_dict(p.algorithm)
     obs_dim = mb["obs"].shape[1]
     actor = mlp(obs_dim, a["actor_fc_layer_params"], 2, nn.Tanh)
     critic = mlp(obs_dim, a["value_fc_layer_params"], 1, nn.Tanh)
@@ -237,7 +238,7 @@ def off_policy_sides(algo: str, env_id: str):
 
     p = get_preset(algo, env_id)
     if algo == "dqn":  # SB3's DQN and the plain one have no double-Q target: nor does ours here
-        p = dataclasses.replace(p, algorithm={**p.algorithm, "double_q": False})
+        p = dataclasses.replace(p, algorithm=dataclasses.replace(p.algorithm, double_q=False))
     alg = make_algorithm(p, 0)
     batch = replay_batch(p, alg)
     B = p.trainer["mini_batch_size"]
@@ -268,7 +269,8 @@ def off_policy_sides(algo: str, env_id: str):
 
 def _twin(p, alg, **changes):
     """The same algorithm with ``changes`` to its config and the same initial weights."""
-    twin = make_algorithm(dataclasses.replace(p, algorithm={**p.algorithm, **changes}), 0)
+    twin = make_algorithm(
+        dataclasses.replace(p, algorithm=dataclasses.replace(p.algorithm, **changes)), 0)
     twin.load_state_dict(alg.state_dict())
     return twin
 
@@ -281,7 +283,7 @@ def ppo_sides(env_id: str):
     p = get_preset("ppo", env_id)
     alg = make_algorithm(p, 0)
     n, T = p.trainer["num_envs"], p.trainer["unroll_length"]
-    epochs = p.algorithm["num_epochs"]
+    epochs = p.algorithm.num_epochs
     unroll = stack_experience(collect(alg, env_id, n, T + 1))  # [T + 1, B]
 
     model = _sb3_model(p, make_vec_env(env_id, n_envs=n, seed=0), 0)

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 import algorithms
+from algorithms import configs
+from algorithms.configs import A2cConfig, DdpgConfig, DqnConfig, PpoConfig, SacConfig, Td3Config
 from algorithms.data import Experience, StepType, TimeStep, make_experience
 
 CARTPOLE_OBS = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
@@ -17,13 +19,13 @@ DISCRETE = gym.spaces.Discrete(2)
 BOX = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
 
 SMALL = {
-    "dqn": dict(fc_layer_params=(8,)),
-    "sac": dict(actor_fc_layer_params=(8,), critic_fc_layer_params=(8,)),
-    "ppo": dict(actor_fc_layer_params=(8,), value_fc_layer_params=(8,), mini_batch_size=8,
-                num_epochs=2),
-    "a2c": dict(actor_fc_layer_params=(8,), value_fc_layer_params=(8,)),
-    "ddpg": dict(actor_fc_layer_params=(8,), critic_fc_layer_params=(8,)),
-    "td3": dict(actor_fc_layer_params=(8,), critic_fc_layer_params=(8,)),
+    "dqn": DqnConfig(fc_layer_params=[8]),
+    "sac": SacConfig(actor_fc_layer_params=[8], critic_fc_layer_params=[8]),
+    "ppo": PpoConfig(actor_fc_layer_params=[8], value_fc_layer_params=[8], mini_batch_size=8,
+                     num_epochs=2),
+    "a2c": A2cConfig(actor_fc_layer_params=[8], value_fc_layer_params=[8]),
+    "ddpg": DdpgConfig(actor_fc_layer_params=[8], critic_fc_layer_params=[8]),
+    "td3": Td3Config(actor_fc_layer_params=[8], critic_fc_layer_params=[8]),
 }
 CASES = [("dqn", CARTPOLE_OBS, DISCRETE), ("sac", PENDULUM_OBS, BOX),
          ("sac", CARTPOLE_OBS, DISCRETE), ("ppo", CARTPOLE_OBS, DISCRETE),
@@ -67,7 +69,7 @@ def _seed():
 
 @pytest.mark.parametrize("name,obs_space,act_space", CASES, ids=IDS)
 def test_step_interface(name, obs_space, act_space):
-    alg = algorithms.make(name, obs_space, act_space, **SMALL[name])
+    alg = algorithms.make(SMALL[name], obs_space, act_space)
     rng = np.random.default_rng(0)
     ts = _time_step(obs_space, act_space, 3, rng)
     for step in (alg.rollout_step(ts, ()), alg.predict_step(ts, ())):
@@ -84,7 +86,7 @@ def test_step_interface(name, obs_space, act_space):
 
 @pytest.mark.parametrize("name,obs_space,act_space", CASES, ids=IDS)
 def test_train_on_returns_metrics_and_priorities(name, obs_space, act_space):
-    alg = algorithms.make(name, obs_space, act_space, **SMALL[name])
+    alg = algorithms.make(SMALL[name], obs_space, act_space)
     batch = _batch(alg, obs_space, act_space)
     before = {k: v.clone() for k, v in alg.state_dict().items()}
     result = alg.train_on(batch, None if alg.on_policy else np.ones(4, np.float32))
@@ -103,7 +105,7 @@ def test_train_on_returns_metrics_and_priorities(name, obs_space, act_space):
 def test_metrics_read_later_are_those_of_their_update(name, obs_space, act_space):
     """Metrics are computed when first read: reading them after more updates must still give
     that update's values (nothing they are computed from changed in place since)."""
-    alg = algorithms.make(name, obs_space, act_space, **SMALL[name])
+    alg = algorithms.make(SMALL[name], obs_space, act_space)
     batch = _batch(alg, obs_space, act_space)
     twin = copy.deepcopy(alg)
     torch.manual_seed(5)
@@ -119,7 +121,7 @@ def test_metrics_read_later_are_those_of_their_update(name, obs_space, act_space
 def test_importance_weights_scale_the_update(name, obs_space, act_space):
     if name in ("ppo", "a2c"):
         pytest.skip("on-policy algorithms take no importance weights")
-    alg = algorithms.make(name, obs_space, act_space, **SMALL[name])
+    alg = algorithms.make(SMALL[name], obs_space, act_space)
     batch = _batch(alg, obs_space, act_space)
     before = {k: v.clone() for k, v in alg.named_parameters()}
     alg.train_on(batch, np.zeros(4, np.float32))
@@ -134,8 +136,8 @@ def test_importance_weights_scale_the_update(name, obs_space, act_space):
 
 @pytest.mark.parametrize("name,obs_space,act_space", CASES, ids=IDS)
 def test_policy_state_dict_round_trip(name, obs_space, act_space):
-    src = algorithms.make(name, obs_space, act_space, **SMALL[name])
-    dst = algorithms.make(name, obs_space, act_space, **SMALL[name])
+    src = algorithms.make(SMALL[name], obs_space, act_space)
+    dst = algorithms.make(SMALL[name], obs_space, act_space)
     params = src.policy_state_dict()
     assert all(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in params.values())
     dst.load_policy_state_dict({k: v.numpy() for k, v in params.items()})
@@ -147,8 +149,8 @@ def test_policy_state_dict_round_trip(name, obs_space, act_space):
 def test_packed_policy_params_cross_the_wire_exactly(name, obs_space, act_space):
     """What a learner publishes (one flat array per dtype) loads bit for bit into a receiver,
     through the real codec, and is a copy taken when it was made."""
-    src = algorithms.make(name, obs_space, act_space, **SMALL[name])
-    dst = algorithms.make(name, obs_space, act_space, **SMALL[name])
+    src = algorithms.make(SMALL[name], obs_space, act_space)
+    dst = algorithms.make(SMALL[name], obs_space, act_space)
     batch = _batch(src, obs_space, act_space)
     src.train_on(batch)
     packed = src.policy_params()
@@ -176,8 +178,8 @@ def _assert_policy_is(dst, expected: dict) -> None:
 
 def test_packed_policy_of_another_layout_is_refused():
     obs, act = CASES[0][1], CASES[0][2]
-    src = algorithms.make("dqn", obs, act, fc_layer_params=(8,))
-    dst = algorithms.make("dqn", obs, act, fc_layer_params=(16,))
+    src = algorithms.make(DqnConfig(fc_layer_params=[8]), obs, act)
+    dst = algorithms.make(DqnConfig(fc_layer_params=[16]), obs, act)
     with pytest.raises(ValueError, match="layout"):
         dst.load_policy_state_dict(src.policy_params())
 
@@ -186,8 +188,8 @@ def test_packed_policy_loads_into_tensors_that_were_replaced():
     """A module whose tensors were swapped for new ones (load_state_dict with assign) is
     looked up again: the packed values land in the tensors the policy uses now."""
     obs, act = CASES[0][1], CASES[0][2]
-    src = algorithms.make("dqn", obs, act, fc_layer_params=(8,))
-    dst = algorithms.make("dqn", obs, act, fc_layer_params=(8,))
+    src = algorithms.make(DqnConfig(fc_layer_params=[8]), obs, act)
+    dst = algorithms.make(DqnConfig(fc_layer_params=[8]), obs, act)
     dst.load_policy_state_dict(src.policy_params())  # looks the tensors up once
     fresh = {k: torch.zeros_like(v) for k, v in dst.q_network.state_dict().items()}
     dst.q_network.load_state_dict(fresh, assign=True)
@@ -198,14 +200,14 @@ def test_packed_policy_loads_into_tensors_that_were_replaced():
 
 @pytest.mark.parametrize("name,obs_space,act_space", CASES, ids=IDS)
 def test_checkpoint_restores_exactly(name, obs_space, act_space):
-    alg = algorithms.make(name, obs_space, act_space, **SMALL[name])
+    alg = algorithms.make(SMALL[name], obs_space, act_space)
     batch = _batch(alg, obs_space, act_space)
     for _ in range(3):
         alg.train_on(batch)
     buf = io.BytesIO()
     torch.save(alg.checkpoint_state(), buf)
     buf.seek(0)
-    restored = algorithms.make(name, obs_space, act_space, **SMALL[name])
+    restored = algorithms.make(SMALL[name], obs_space, act_space)
     restored.load_checkpoint_state(torch.load(buf, weights_only=True))
     for (k, a), (_, b) in zip(alg.state_dict().items(), restored.state_dict().items(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
@@ -224,18 +226,18 @@ def test_checkpoint_restores_exactly(name, obs_space, act_space):
 
 def test_make_rejects_unknown_hyperparameter():
     with pytest.raises(TypeError, match="learning_rat"):
-        algorithms.make("dqn", CARTPOLE_OBS, DISCRETE, learning_rat=1e-3)
+        algorithms.make(DqnConfig(learning_rat=1e-3), CARTPOLE_OBS, DISCRETE)
     with pytest.raises(ValueError, match="unknown algorithm"):
-        algorithms.make("nope", CARTPOLE_OBS, DISCRETE)
+        algorithms.make(configs.parse({"name": "nope"}), CARTPOLE_OBS, DISCRETE)
 
 
 def test_registry_names_and_td3_defaults():
     assert algorithms.algorithm_names() == ["a2c", "ddpg", "dqn", "ppo", "sac", "td3"]
-    td3 = algorithms.make("td3", PENDULUM_OBS, BOX, **SMALL["td3"])
+    td3 = algorithms.make(SMALL["td3"], PENDULUM_OBS, BOX)
     assert td3.critic_networks.mlp.num_replicas == 2
     assert td3.actor_update_period == 2 and td3.target_policy_noise == 0.2
-    hp = algorithms.hyperparameters("sac")
-    assert hp["num_critic_replicas"] == 2 and "device" in hp
+    hp = configs.hyperparameters(SacConfig())
+    assert hp["num_critic_replicas"] == 2
 
 
 def test_experience_dict_round_trip():
@@ -253,7 +255,7 @@ def test_experience_dict_round_trip():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name,obs_space,act_space", CASES, ids=IDS)
 def test_runs_on_cuda(name, obs_space, act_space):
-    alg = algorithms.make(name, obs_space, act_space, device="cuda", **SMALL[name])
+    alg = algorithms.make(SMALL[name], obs_space, act_space, device="cuda")
     batch = _batch(alg, obs_space, act_space)
     result = alg.train_on(batch)
     assert np.isfinite(result.metrics["loss/total"])
@@ -269,8 +271,8 @@ def test_runs_on_cuda(name, obs_space, act_space):
 def test_packed_policy_from_cuda_crosses_the_wire_exactly(name, obs_space, act_space, receiver):
     """A learner on a GPU publishes host arrays; an unroller on the CPU or the GPU loads them
     bit for bit."""
-    src = algorithms.make(name, obs_space, act_space, device="cuda", **SMALL[name])
-    dst = algorithms.make(name, obs_space, act_space, device=receiver, **SMALL[name])
+    src = algorithms.make(SMALL[name], obs_space, act_space, device="cuda")
+    dst = algorithms.make(SMALL[name], obs_space, act_space, device=receiver)
     src.train_on(_batch(src, obs_space, act_space))
     packed = src.policy_params()
     assert all(v.device.type == "cpu" for k, v in packed.items() if k != "layout")

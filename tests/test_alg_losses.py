@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from algorithms import configs
+from algorithms.configs import DqnConfig, SacConfig, Td3Config
 from algorithms.data import Experience, StepType
 from algorithms.dqn import DqnAlgorithm
 from algorithms.losses import (
@@ -111,8 +113,9 @@ def test_importance_weighted_mean():
 
 def _constant_dqn():
     obs_space = gym.spaces.Box(-1, 1, (2,), np.float32)
-    alg = DqnAlgorithm(obs_space, gym.spaces.Discrete(2), fc_layer_params=(4,), gamma=0.5,
-                       n_step=3, td_error_loss_fn="squared")
+    alg = DqnAlgorithm(obs_space, gym.spaces.Discrete(2),
+                       DqnConfig(fc_layer_params=[4], gamma=0.5, n_step=3,
+                                 td_error_loss_fn="squared"))
     for net in (alg.q_network, alg.target_q_network):
         with torch.no_grad():
             for p in net.parameters():
@@ -172,8 +175,8 @@ def test_discrete_sac_soft_target_and_losses(discount, next_type):
     from algorithms.sac import SacAlgorithm
 
     alg = SacAlgorithm(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Discrete(2),
-                       actor_fc_layer_params=(4,), critic_fc_layer_params=(4,), gamma=0.5,
-                       initial_log_alpha=0.0)
+                       SacConfig(actor_fc_layer_params=[4], critic_fc_layer_params=[4],
+                                 gamma=0.5, initial_log_alpha=0.0))
     for m in (alg.actor_network, alg.critic_networks, alg.target_critic_networks):
         _zero(m)
     with torch.no_grad():
@@ -211,9 +214,10 @@ def _sac_next_value(info) -> torch.Tensor:
 def test_td3_clipped_double_q_target(discount, next_type, critic):
     import algorithms
 
-    alg = algorithms.make("td3", gym.spaces.Box(-1, 1, (3,), np.float32),
-                          gym.spaces.Box(-2, 2, (1,), np.float32), actor_fc_layer_params=(4,),
-                          critic_fc_layer_params=(4,), gamma=0.5)
+    alg = algorithms.make(Td3Config(actor_fc_layer_params=[4], critic_fc_layer_params=[4],
+                                    gamma=0.5),
+                          gym.spaces.Box(-1, 1, (3,), np.float32),
+                          gym.spaces.Box(-2, 2, (1,), np.float32))
     for m in (alg.actor_network, alg.critic_networks, alg.target_critic_networks,
               alg.target_actor_network):
         _zero(m)
@@ -260,9 +264,9 @@ def test_continuous_sac_soft_target_subtracts_the_entropy_term(discount, next_ty
     from algorithms.sac import SacAlgorithm
 
     alg = SacAlgorithm(gym.spaces.Box(-1, 1, (2,), np.float32),
-                       gym.spaces.Box(-1, 1, (1,), np.float32), actor_fc_layer_params=(4,),
-                       critic_fc_layer_params=(4,), gamma=0.9,
-                       initial_log_alpha=math.log(0.5))
+                       gym.spaces.Box(-1, 1, (1,), np.float32),
+                       SacConfig(actor_fc_layer_params=[4], critic_fc_layer_params=[4],
+                                 gamma=0.9, initial_log_alpha=math.log(0.5)))
     alg.actor_network = _FixedActor(0.3, -1.2)
     for net in (alg.critic_networks, alg.target_critic_networks):
         _zero(net)
@@ -285,10 +289,11 @@ def test_sac_default_target_entropy():
 
     obs = gym.spaces.Box(-1, 1, (2,), np.float32)
     cont = SacAlgorithm(obs, gym.spaces.Box(-1, 1, (3,), np.float32),
-                        actor_fc_layer_params=(4,), critic_fc_layer_params=(4,))
+                        SacConfig(actor_fc_layer_params=[4], critic_fc_layer_params=[4]))
     assert cont.target_entropy == -3.0  # -|A|
-    disc = SacAlgorithm(obs, gym.spaces.Discrete(4), actor_fc_layer_params=(4,),
-                        critic_fc_layer_params=(4,), target_entropy_scale=0.5)
+    disc = SacAlgorithm(obs, gym.spaces.Discrete(4),
+                        SacConfig(actor_fc_layer_params=[4], critic_fc_layer_params=[4],
+                                  target_entropy_scale=0.5))
     assert disc.target_entropy == pytest.approx(0.5 * math.log(4))
     # Entropy -5 below the target -3: the alpha loss's gradient is H - target = -2, so a
     # gradient step raises alpha (more exploration).
@@ -329,8 +334,9 @@ def test_dqn_one_step_path_equals_the_window_path(double_q, loss_fn):
     """One-step batches take DQN's short path: the same loss, priorities and gradients as the
     general TDLoss path, with LAST (masked), terminal and truncated rows in the batch."""
     obs_space = gym.spaces.Box(-1, 1, (4,), np.float32)
-    alg = DqnAlgorithm(obs_space, gym.spaces.Discrete(3), fc_layer_params=(16,), gamma=0.9,
-                       double_q=double_q, td_error_loss_fn=loss_fn)
+    alg = DqnAlgorithm(obs_space, gym.spaces.Discrete(3),
+                       DqnConfig(fc_layer_params=[16], gamma=0.9, double_q=double_q,
+                                 td_error_loss_fn=loss_fn))
     with torch.no_grad():  # a target network that differs from the online one
         for p in alg.target_q_network.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -361,9 +367,10 @@ def test_critic_one_step_path_equals_the_window_path(kind, loss_fn):
     discrete = kind == "sac_discrete"
     obs_space = gym.spaces.Box(-1, 1, (4,), np.float32)
     act_space = gym.spaces.Discrete(3) if discrete else gym.spaces.Box(-1, 1, (2,), np.float32)
-    alg = algorithms.make("td3" if kind == "td3" else "sac", obs_space, act_space,
-                          actor_fc_layer_params=(16,), critic_fc_layer_params=(16,), gamma=0.9,
-                          td_error_loss_fn=loss_fn)
+    config = configs.config_class("td3" if kind == "td3" else "sac")(
+        actor_fc_layer_params=[16], critic_fc_layer_params=[16], gamma=0.9,
+        td_error_loss_fn=loss_fn)
+    alg = algorithms.make(config, obs_space, act_space)
     with torch.no_grad():  # target critics that differ from the online ones
         for p in alg.target_critic_networks.parameters():
             p.add_(0.1 * torch.randn_like(p))

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import algorithms
-from algorithms.configs import parse
+from algorithms.configs import PpoConfig, parse
 from tests.test_alg_interface import _unroll
 from typedconfig import ConfigError
 
@@ -33,8 +33,8 @@ def _lr(alg) -> float:
 def test_learning_rate_falls_linearly_to_zero_over_the_trained_env_steps():
     torch.manual_seed(0)
     T, B = 5, 4  # each unroll trains T * B = 20 env steps (the bootstrap row is extra)
-    alg = algorithms.make("ppo", MINATAR_OBS, ACTIONS, learning_rate=1e-3,
-                          learning_rate_anneal_steps=50, **SMALL)
+    alg = algorithms.make(PpoConfig(learning_rate=1e-3, learning_rate_anneal_steps=50, **SMALL),
+                          MINATAR_OBS, ACTIONS)
     seen = []
     for i in range(4):
         result = alg.train_on(_images(alg, T + 1, B, seed=i))
@@ -47,7 +47,7 @@ def test_learning_rate_falls_linearly_to_zero_over_the_trained_env_steps():
 
 def test_constant_learning_rate_without_annealing():
     torch.manual_seed(0)
-    alg = algorithms.make("ppo", MINATAR_OBS, ACTIONS, learning_rate=1e-3, **SMALL)
+    alg = algorithms.make(PpoConfig(learning_rate=1e-3, **SMALL), MINATAR_OBS, ACTIONS)
     for i in range(3):
         assert alg.train_on(_images(alg, 6, 4, seed=i)).metrics["learning_rate"] == 1e-3
     assert _lr(alg) == 1e-3
@@ -56,14 +56,14 @@ def test_constant_learning_rate_without_annealing():
 def test_the_schedule_resumes_from_a_checkpoint_and_old_checkpoints_load():
     torch.manual_seed(0)
     kw = dict(learning_rate=1e-3, learning_rate_anneal_steps=100, **SMALL)
-    alg = algorithms.make("ppo", MINATAR_OBS, ACTIONS, **kw)
+    alg = algorithms.make(PpoConfig(**kw), MINATAR_OBS, ACTIONS)
     alg.train_on(_images(alg, 6, 4))
     state = alg.state_dict()
-    restored = algorithms.make("ppo", MINATAR_OBS, ACTIONS, **kw)
+    restored = algorithms.make(PpoConfig(**kw), MINATAR_OBS, ACTIONS)
     restored.load_state_dict(state)
     assert restored.current_learning_rate() == pytest.approx(1e-3 * 80 / 100)
     old = {k: v for k, v in state.items() if k != "trained_env_steps"}
-    fresh = algorithms.make("ppo", MINATAR_OBS, ACTIONS, **kw)
+    fresh = algorithms.make(PpoConfig(**kw), MINATAR_OBS, ACTIONS)
     fresh.load_state_dict(old)  # strict: a checkpoint from before the schedule
     assert fresh.current_learning_rate() == 1e-3
 
@@ -77,7 +77,7 @@ def _orthogonal(weight: torch.Tensor, gain: float) -> bool:
 
 def test_orthogonal_init_gains_and_zero_biases():
     torch.manual_seed(0)
-    alg = algorithms.make("ppo", MINATAR_OBS, ACTIONS, orthogonal_init=True, **SMALL)
+    alg = algorithms.make(PpoConfig(orthogonal_init=True, **SMALL), MINATAR_OBS, ACTIONS)
     for net, head_gain in ((alg.actor_network, 0.01), (alg.value_network, 1.0)):
         layers = [m for m in net.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
         assert len(layers) == 3  # conv, hidden, head
@@ -85,15 +85,15 @@ def test_orthogonal_init_gains_and_zero_biases():
             gain = head_gain if m is net.head else 2 ** 0.5
             assert _orthogonal(m.weight, gain), m
             assert (m.bias == 0).all()
-    default = algorithms.make("ppo", MINATAR_OBS, ACTIONS, **SMALL)
+    default = algorithms.make(PpoConfig(**SMALL), MINATAR_OBS, ACTIONS)
     assert not _orthogonal(default.value_network.head.weight, 1.0)
 
 
 def test_activation_reaches_conv_and_hidden_layers():
-    alg = algorithms.make("ppo", MINATAR_OBS, ACTIONS, activation="relu", **SMALL)
+    alg = algorithms.make(PpoConfig(activation="relu", **SMALL), MINATAR_OBS, ACTIONS)
     acts = [type(m) for m in alg.actor_network.modules() if isinstance(m, (nn.ReLU, nn.Tanh))]
     assert acts == [nn.ReLU, nn.ReLU]
-    alg = algorithms.make("ppo", MINATAR_OBS, ACTIONS, **SMALL)
+    alg = algorithms.make(PpoConfig(**SMALL), MINATAR_OBS, ACTIONS)
     acts = [type(m) for m in alg.actor_network.modules() if isinstance(m, (nn.ReLU, nn.Tanh))]
     assert acts == [nn.Tanh, nn.Tanh]
 

@@ -15,7 +15,7 @@ import torch
 import yaml
 
 import algorithms
-from algorithms.configs import parse
+from algorithms.configs import PpoConfig, parse
 from algorithms.data import Experience, StepType, make_experience
 from algorithms.envs import env_spaces
 from algorithms.evaluation import evaluate
@@ -45,7 +45,7 @@ def test_cartpole_no_velocity_shows_position_and_angle_only():
 
 
 def test_the_state_is_per_env_and_zeroed_where_an_episode_starts():
-    alg = algorithms.make("ppo", OBS, ACTIONS, **SMALL)
+    alg = algorithms.make(PpoConfig(**SMALL), OBS, ACTIONS)
     assert alg.get_initial_state(3).shape == (3, 16)  # actor's and value's cells side by side
     rng = np.random.default_rng(0)
     ts = _time_step(OBS, ACTIONS, 3, rng, StepType.MID)
@@ -92,7 +92,7 @@ def _replayed(alg, unroll: Experience) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_training_starts_where_the_rollout_did():
-    alg = algorithms.make("ppo", OBS, ACTIONS, **SMALL)
+    alg = algorithms.make(PpoConfig(**SMALL), OBS, ACTIONS)
     recomputed, rollout = _replayed(alg, _recurrent_unroll(alg, 12, 5))
     torch.testing.assert_close(recomputed, rollout)
     # From zeros instead of the state of the earlier steps: other probabilities.
@@ -102,7 +102,7 @@ def test_training_starts_where_the_rollout_did():
 
 
 def test_train_on_uses_whole_columns_and_changes_every_cell():
-    alg = algorithms.make("ppo", OBS, ACTIONS, **{**SMALL, "mini_batch_size": 22})
+    alg = algorithms.make(PpoConfig(**{**SMALL, "mini_batch_size": 22}), OBS, ACTIONS)
     before = {k: v.clone() for k, v in alg.rnn.state_dict().items()}
     result = alg.train_on(_recurrent_unroll(alg, 12, 5))  # 22 // 11 rows: 2 columns a batch
     assert np.isfinite(result.metrics["loss/total"])
@@ -112,15 +112,15 @@ def test_train_on_uses_whole_columns_and_changes_every_cell():
 
 
 def test_feed_forward_ppo_is_unchanged():
-    alg = algorithms.make("ppo", OBS, ACTIONS, actor_fc_layer_params=(8,),
-                          value_fc_layer_params=(8,))
+    alg = algorithms.make(PpoConfig(actor_fc_layer_params=[8], value_fc_layer_params=[8]),
+                          OBS, ACTIONS)
     assert alg.get_initial_state(4) == () and alg.rnn is None
     step = alg.rollout_step(_time_step(OBS, ACTIONS, 4, np.random.default_rng(0)), ())
     assert step.state == () and "state" not in step.info
 
 
 def test_evaluation_carries_the_state():
-    alg = algorithms.make("ppo", OBS, ACTIONS, **SMALL)
+    alg = algorithms.make(PpoConfig(**SMALL), OBS, ACTIONS)
     result = evaluate(alg, "CartPoleNoVelocity-v1", num_episodes=3)
     assert result.mean_length > 0
 

@@ -103,8 +103,9 @@ def test_acting_stays_float32_under_bfloat16_training():
 
 def test_unknown_precision_is_refused_by_the_algorithm():
     with pytest.raises(ValueError, match="precision"):
-        algorithms.make("sac", gym.spaces.Box(-1, 1, (5,), np.float32),
-                        gym.spaces.Box(-1, 1, (1,), np.float32), precision="float16")
+        algorithms.make(configs.SacConfig(precision="float16"),
+                        gym.spaces.Box(-1, 1, (5,), np.float32),
+                        gym.spaces.Box(-1, 1, (1,), np.float32))
 
 
 def test_bfloat16_without_native_support_warns_once(monkeypatch):

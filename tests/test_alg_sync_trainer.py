@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import algorithms
+from algorithms.configs import DqnConfig, PpoConfig
 from algorithms.data import Experience, StepType
 from algorithms.sync_trainer import TinyReplay, TrainerConfig, VectorEnvStepper, train
 
@@ -72,9 +73,9 @@ def test_trainer_options_reject_unknown_keys():
 @pytest.mark.parametrize("name", ["dqn", "ppo"])
 def test_train_runs_end_to_end(name):
     env = gym.make("CartPole-v1")
-    small = {"dqn": dict(fc_layer_params=(16,)),
-             "ppo": dict(actor_fc_layer_params=(16,), value_fc_layer_params=(16,))}[name]
-    alg = algorithms.make(name, env.observation_space, env.action_space, **small)
+    small = {"dqn": DqnConfig(fc_layer_params=[16]),
+             "ppo": PpoConfig(actor_fc_layer_params=[16], value_fc_layer_params=[16])}[name]
+    alg = algorithms.make(small, env.observation_space, env.action_space)
     cfg = TrainerConfig(num_envs=2, num_env_steps=400, unroll_length=8, initial_collect_steps=64,
                         mini_batch_size=16, eval_interval=200, num_eval_episodes=2)
     result = train(alg, "CartPole-v1", cfg, seed=0)

@@ -89,7 +89,8 @@ def test_sb3_runs_the_same_dqn_as_ours(bench, double_q):
 
     p = bench.preset("dqn", "CartPole-v1")
     if double_q is not None:
-        p = dataclasses.replace(p, algorithm={**p.algorithm, "double_q": double_q})
+        p = dataclasses.replace(p, algorithm=dataclasses.replace(p.algorithm,
+                                                                 double_q=double_q))
     model = bench._sb3_model(p, make_vec_env("CartPole-v1", n_envs=1, seed=0), 0)
     assert (type(model) is DQN) == (double_q is False), type(model)
     assert isinstance(model, DQN)

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import gymnasium as gym
 
+from algorithms.configs import RandomConfig
 from algorithms.evaluation import evaluate
 from algorithms.random_policy import RandomPolicy
 
 
 def test_evaluate_applies_env_kwargs():
-    policy = RandomPolicy(gym.spaces.Discrete(2), seed=0)
+    policy = RandomPolicy(None, gym.spaces.Discrete(2), RandomConfig(seed=0))
     short = evaluate(policy, "CartPole-v1", 4, seed=0, env_kwargs={"max_episode_steps": 5})
     assert short.mean_length == 5.0 and short.mean_return == 5.0
     full = evaluate(policy, "CartPole-v1", 4, seed=0)
