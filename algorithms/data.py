@@ -163,25 +163,3 @@ def to_tensor(x: Any, device: torch.device | str = "cpu", dtype: torch.dtype | N
         arr = arr.copy()
     t = torch.from_numpy(arr) if arr.dtype != object else torch.as_tensor(arr)
     return t.to(device=device, dtype=dtype or t.dtype)
-
-
-def experience_to_tensors(exp: Experience, device: torch.device | str = "cpu") -> Experience:
-    """Convert every field (numpy arrays from the wire) to tensors on ``device``."""
-    return exp.map(lambda v: to_tensor(v, device))
-
-
-def time_step_to_tensors(ts: TimeStep, device: torch.device | str = "cpu") -> TimeStep:
-    return TimeStep(*[to_tensor(v, device) if not (isinstance(v, tuple) and v == ()) else v
-                      for v in ts])
-
-
-def select_time(exp: Experience, t, batch_major: bool = True) -> Experience:
-    """Pick time index/slice ``t`` from a ``[B, T]`` (batch_major) or ``[T, B]`` experience."""
-    if batch_major:
-        return exp.map(lambda v: v[:, t])
-    return exp.map(lambda v: v[t])
-
-
-def transpose_bt(exp: Experience) -> Experience:
-    """Swap the two leading dims (``[B, T] <-> [T, B]``)."""
-    return exp.map(lambda v: v.transpose(0, 1) if isinstance(v, torch.Tensor) else np.swapaxes(v, 0, 1))

@@ -115,14 +115,6 @@ def critic_td_loss(td_loss: TDLoss, exp, q: torch.Tensor, next_value: torch.Tens
     return li.loss.sum(0).sum(-1) / (q.shape[1] - 1), li.extra["td_error"][0]
 
 
-class OneStepTDLoss(TDLoss):
-    """``TDLoss`` with the one-step target ``r[t+1] + gamma d[t+1] V[t+1]``."""
-
-    def __init__(self, gamma: float = 0.99,
-                 td_error_loss_fn: Callable | str = element_wise_squared_loss):
-        super().__init__(gamma=gamma, td_error_loss_fn=td_error_loss_fn, td_lambda=0.0)
-
-
 def advantages_and_returns(step_type, reward, discount, value, gamma: float, td_lambda: float,
                            use_gae: bool = True, use_td_lambda_return: bool = True):
     """``(advantages, returns)`` of shape ``[T-1, B]`` from time-major rollout values.

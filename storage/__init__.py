@@ -17,7 +17,6 @@ from storage.controls import (
     SampleStatistics,
     ThroughputMonitor,
 )
-from storage.episode_buffer import EpisodeReplayBuffer
 from storage.episodes import EpisodeIndex
 from storage.ere import ERE
 from storage.nest import StepType, TensorSpec
@@ -50,7 +49,6 @@ __all__ = [
     "BufferControl",
     "ERE",
     "EpisodeIndex",
-    "EpisodeReplayBuffer",
     "MaxSegmentTree",
     "MaxStaleness",
     "MaxUse",

@@ -13,7 +13,6 @@ from algorithms.data import Experience, StepType
 from algorithms.dqn import DqnAlgorithm
 from algorithms.losses import (
     ActorCriticLoss,
-    OneStepTDLoss,
     PPOLoss,
     TDLoss,
     alpha_loss,
@@ -33,15 +32,6 @@ def test_element_wise_losses():
     x, y = torch.tensor([0.0, 0.5, -3.0]), torch.zeros(3)
     torch.testing.assert_close(element_wise_squared_loss(x, y), torch.tensor([0.0, 0.25, 9.0]))
     torch.testing.assert_close(element_wise_huber_loss(x, y), torch.tensor([0.0, 0.125, 2.5]))
-
-
-def test_one_step_td_loss_masks_last_and_pads():
-    # targets: 1 + .5*20 = 11; 2 + .5*0*30 = 2 (termination); row 2 LAST -> masked
-    st = col([F, M, L, F], torch.int64)
-    li = OneStepTDLoss(gamma=0.5)(st, col([0, 1, 2, 0]), col([1, 1, 0, 1]),
-                                  value=col([12, 4, 5, 6]), target_value=col([10, 20, 30, 40]))
-    torch.testing.assert_close(li.loss, col([1.0, 4.0, 0.0, 0.0]))
-    torch.testing.assert_close(li.extra["td_error"], col([-1.0, -2.0, 0.0]))
 
 
 def test_td_lambda_loss_truncation():

@@ -12,7 +12,6 @@ import torch
 from storage import (
     ERE,
     PER,
-    EpisodeReplayBuffer,
     MaxStaleness,
     MaxUse,
     ReplayBuffer,
@@ -473,22 +472,6 @@ def test_throughput_monitor_periods():
     report = monitor.poll()
     assert report["pushed"] == 10 and report["sampled"] == 6 and report["removed"] == 2
     assert report["valid"] == 8
-
-
-def test_episode_replay_buffer_windows_are_uniform():
-    buf = EpisodeReplayBuffer(3, seed=0)
-    for length in (3, 5, 1):
-        buf.push({"obs": torch.arange(length).float()})
-    data, episode_ids, starts = buf.sample(6000, 2)
-    assert set(episode_ids.tolist()) == {0, 1}
-    counts = Counter(zip(episode_ids.tolist(), starts.tolist(), strict=True))
-    assert len(counts) == 2 + 4  # every window that fits, and only those
-    assert chi_square_p_value(list(counts.values()), [1000.0] * 6) > 0.001
-    assert torch.equal(data["obs"][:, 1] - data["obs"][:, 0], torch.ones(6000))
-    state = buf.state_dict()
-    again = EpisodeReplayBuffer(3)
-    again.load_state_dict(state)
-    assert torch.equal(again.sample(5, 2)[2], buf.sample(5, 2)[2])
 
 
 # ----------------------------------------------------------------- backend and ALF arguments
