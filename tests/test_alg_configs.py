@@ -126,7 +126,7 @@ def test_every_shipped_graph_algorithm_block_parses():
     found = 0
     for graph in sorted((ROOT / "graphs").glob("*.yaml")):
         doc = read_value(graph.read_text())
-        for where, block in _algorithm_blocks(doc.get("nodes", {}), "nodes"):
+        for where, block in _algorithm_blocks(doc):  # the agent: section, or a node's config
             configs.parse(block, f"{graph.name}:{where}")
             found += 1
     assert found >= 10

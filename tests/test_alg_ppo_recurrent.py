@@ -7,12 +7,12 @@ several runners' env groups."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-import yaml
 
 import algorithms
 from algorithms.configs import PpoConfig, parse
@@ -20,6 +20,7 @@ from algorithms.data import Experience, StepType, make_experience
 from algorithms.envs import env_spaces
 from algorithms.evaluation import evaluate
 from algorithms.value_ops import valid_mask
+from nodes._agent import Agent, agent_field
 from pipeline import graph as graphlib
 from pipeline.inloop import run_graph
 from tests.test_alg_interface import _time_step
@@ -139,6 +140,7 @@ def _graph(acting: str, stop_when: str) -> str:
     checker in the learner's place."""
     return f"""
 name: recurrent_unrolls
+agent: {{env_id: CartPoleNoVelocity-v1, algorithm: {ALGORITHM}}}
 topics:
   trajectories: {{delivery: reliable, hwm: 4}}
   params: {{delivery: latest, hwm: 4}}
@@ -154,27 +156,26 @@ run:
 """
 
 
-RUNNERS = _graph(f"""
+RUNNERS = _graph("""
   runner_a:
     kind: env_runner
-    config: {{env_id: CartPoleNoVelocity-v1, num_envs: 4, env_groups: 2, max_steps: 240, seed: 1}}
+    config: {num_envs: 4, env_groups: 2, max_steps: 240, seed: 1}
     calls: [policy]
   runner_b:
     kind: env_runner
-    config: {{env_id: CartPoleNoVelocity-v1, num_envs: 2, max_steps: 240, seed: 2}}
+    config: {num_envs: 2, max_steps: 240, seed: 2}
     calls: [policy]
   unroller:
     kind: unroller
-    config: {{env_id: CartPoleNoVelocity-v1, unroll_length: 8, algorithm: {ALGORITHM}}}
+    config: {unroll_length: 8}
     serves: [policy]
     subscribes: [params]
     publishes: [trajectories]""", "runner_a, runner_b")
 
-ACTOR = _graph(f"""
+ACTOR = _graph("""
   actor:
     kind: actor
-    config: {{env_id: CartPoleNoVelocity-v1, num_envs: 4, env_groups: 2, max_steps: 480,
-             unroll_length: 8, algorithm: {ALGORITHM}}}
+    config: {num_envs: 4, env_groups: 2, max_steps: 480, unroll_length: 8}
     subscribes: [params]
     publishes: [trajectories]""", "actor")
 
@@ -184,14 +185,10 @@ async def replay_checker(config, node, ready):
     unroll (without training), and replays each unroll as training would, from the state
     its first row started from: a row whose log-probability or value differs was acted on
     with another env's state, or with none."""
-    from types import SimpleNamespace
-
     from nodes._common import make_algorithm, to_torch
     from nodes.messages import Params
 
-    spec = SimpleNamespace(env_id="CartPoleNoVelocity-v1", env_kwargs={},
-                           algorithm=yaml.safe_load(ALGORITHM))  # the unroller's algorithm
-    alg = make_algorithm(spec, "cpu")
+    alg = make_algorithm(config.agent, "cpu")  # the graph's agent, as the unroller's
     params, unrolls = node.bus.publisher("params"), node.bus.subscriber("trajectories")
     ready()
     version, counts = 0, {"unrolls": 0, "rows": 0, "differ": 0, "episodes_started": 0}
@@ -207,6 +204,14 @@ async def replay_checker(config, node, ready):
         version += 1
         await params.send(Params(version, 0, alg.policy_params()))
     return counts
+
+
+@dataclass(frozen=True)
+class _CheckerConfig:
+    agent: Agent = agent_field()
+
+
+replay_checker.Config = _CheckerConfig  # a user kind takes the graph's agent section too
 
 
 @pytest.mark.timeout(120)
