@@ -293,10 +293,12 @@ def _validate(data: dict, lines: Lines) -> Graph:
     raw_nodes = _require_mapping(data.get("nodes"), ("nodes",), lines)
     if not raw_nodes:
         raise lines.error(("nodes",), "a graph needs at least one node")
-    nodes, configs, declared = {}, {}, {}
+    nodes, configs, declared, stated = {}, {}, {}, {}
     for nname, nspec in raw_nodes.items():
         nodes[nname], configs[nname], declared[nname] = _validate_node(
             str(nname), nspec, topics, sections, lines)
+        stated[nname] = {key for key in ports.SECTIONS if key in nspec}
+    _default_ports(nodes, declared, stated, topics)
 
     published = {t for n in nodes.values() for t in n.publishes}
     served = {s for n in nodes.values() for s in n.serves}
@@ -349,6 +351,28 @@ def _validate(data: dict, lines: Lines) -> Graph:
         except configlib.ConfigError as exc:
             raise lines.error(_key_path(exc.key), exc.message) from None
     return graph
+
+
+def _default_ports(nodes: dict, declared: dict, stated: dict, topics: dict) -> None:
+    """A kind's declared ports are its defaults: a section a node entry leaves out is every
+    port of that section the kind declares that the graph can wire (a declared topic; a topic
+    some other node publishes; a service some node serves). So a graph states bindings only
+    where they differ from the kinds' declarations and reads as the system diagram; an
+    explicit list, ``[]`` included, is taken as written."""
+    def fill(section: str, wired) -> None:
+        for name, node in nodes.items():
+            if section in stated[name] or declared[name] is None:
+                continue
+            names = tuple(p for p in declared[name].section(section) if wired(name, p))
+            nodes[name] = dataclasses.replace(node, **{section: names})
+
+    fill("serves", lambda node, service: service not in topics)
+    fill("publishes", lambda node, topic: topic in topics)
+    published = {t for n in nodes.values() for t in n.publishes}
+    served = {s for n in nodes.values() for s in n.serves}
+    fill("subscribes", lambda node, topic: topic in published and
+         topic not in nodes[node].publishes)
+    fill("calls", lambda node, service: service in served)
 
 
 def _check_name(name, path, lines: Lines) -> None:

@@ -43,7 +43,7 @@ def learned(start, threshold: float, budget: int, finish_s: float,
 
     Why a second seed: an asynchronous graph does not repeat its env steps to the threshold,
     not even with the same seeds (DQN CartPole with an actor, seed 0, eight runs: 18k-42k), so
-    now and then a run misses the budget, and one such miss made CI red (session 24). A graph
+    now and then a run misses the budget, and one such miss made CI red (2026-11-27). A graph
     that does not learn misses with both seeds."""
     misses = []
     for seed in seeds:

@@ -58,24 +58,21 @@ def test_yaml_12_numbers_reach_the_algorithm_as_numbers(tmp_path):
 
 
 def test_learner_without_sample_is_refused(tmp_path):
-    path = edited(tmp_path, DQN, "calls: [sample, learner_state]", "calls: [learner_state]")
+    path = edited(tmp_path, DQN, "    kind: learner\n", "    kind: learner\n    calls: []\n")
     assert "nodes.learner.calls: kind 'learner' must call 'sample'" in error(path)
 
 
 def test_on_policy_learner_needs_trajectories(tmp_path):
-    path = edited(tmp_path, PPO, "    subscribes: [trajectories]\n    calls: [learner_state]",
-                  "    calls: [learner_state]")
+    path = edited(tmp_path, PPO, "    kind: learner\n", "    kind: learner\n    subscribes: []\n")
     assert "must subscribe 'trajectories'" in error(path) or \
         "must subscribe to 'trajectories'" in error(path)
 
 
 def test_prioritized_learner_needs_prioritized_replay(tmp_path):
-    path = edited(tmp_path, DQN, "    publishes: [params, metrics]",
-                  "    publishes: [params, metrics, priorities]")
-    path = edited(tmp_path, path, "      publish_params_every: 16",
+    # The learner publishes priorities and the replay store takes them by default (their
+    # kinds declare both ports); only the flags disagree.
+    path = edited(tmp_path, DQN, "      publish_params_every: 16",
                   "      publish_params_every: 16\n      prioritized: true")
-    path = edited(tmp_path, path, "    subscribes: [experience]",
-                  "    subscribes: [experience, priorities]")
     path = edited(tmp_path, path, "  params: {delivery: latest, hwm: 4}",
                   "  params: {delivery: latest, hwm: 4}\n  priorities: {delivery: reliable}")
     message = error(path)
@@ -109,14 +106,14 @@ def test_every_rl_node_gets_the_one_agent():
 
 
 @pytest.mark.parametrize("old,new,key,expected", [
-    ("    config: {seed: 0}\n    serves: [policy",
-     "    config: {seed: 0, env_id: CartPole-v1}\n    serves: [policy",
+    ("    kind: unroller\n    config: {seed: 0}",
+     "    kind: unroller\n    config: {seed: 0, env_id: CartPole-v1}",
      "nodes.unroller.config.env_id", "belongs to the graph's top-level agent: section "
      "(agent.env_id)"),
     ("      eval_interval: 1000", "      eval_interval: 1000\n      algorithm: {name: dqn}",
      "nodes.evaluator.config.algorithm", "(agent.algorithm)"),
-    ("    config: {seed: 0}\n    serves: [policy",
-     "    config: {seed: 0, agent: {env_id: CartPole-v1}}\n    serves: [policy",
+    ("    kind: unroller\n    config: {seed: 0}",
+     "    kind: unroller\n    config: {seed: 0, agent: {env_id: CartPole-v1}}",
      "nodes.unroller.config.agent", "move it to the top-level agent: section"),
 ])
 def test_an_old_graph_is_told_which_key_to_move(tmp_path, old, new, key, expected):
@@ -125,6 +122,20 @@ def test_an_old_graph_is_told_which_key_to_move(tmp_path, old, new, key, expecte
     assert f"{key}: " in message and expected in message, message
     stated = next(line for line in new.split("\n") if f"{key.rsplit('.', 1)[1]}:" in line)
     assert f":{line_of(path, stated)}: " in message
+
+
+def test_a_kinds_ports_are_its_defaults():
+    """A node entry that leaves a section out gets every port of it its kind declares that
+    the graph can wire; an explicit list is taken as written."""
+    graph = graphlib.load(DQN)
+    learner, store = graph.nodes["learner"], graph.nodes["replay_store"]
+    assert (set(learner.calls), set(learner.publishes)) == ({"sample", "learner_state"},
+                                                            {"params", "metrics"})
+    assert (store.subscribes, set(store.serves)) == (("experience",), {"sample", "replay_state"})
+    assert "priorities" not in learner.publishes  # the graph declares no such topic
+    assert graph.nodes["evaluator"].subscribes == ("params",)
+    assert graphlib.load(DQN, ["nodes.env_runner.publishes=[]"]).nodes["env_runner"] \
+        .publishes == ()  # its metrics are optional
 
 
 def test_an_rl_node_without_the_agent_section_is_refused(tmp_path):
