@@ -18,17 +18,14 @@ import collections
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import zmq
 
 from pipeline import codec
 from pipeline.channel import Channel
+from pipeline.endpoint_context import EndpointContext
 from pipeline.sockets import ZERO_COPY_MIN, bind, send_now
 from pipeline.topics import LATEST, LOSSY, TopicStats
-
-if TYPE_CHECKING:
-    from pipeline.bus import Bus
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +38,9 @@ class _XPubSide:
     parameters are sent once, then it waits for data that needs them).
     """
 
-    def __init__(self, bus: Bus, endpoint: str, hwm: int):
-        self.bus = bus
-        self.sock = bus.sockets.make(zmq.XPUB, hwm=hwm, xpub_verbose=1)
+    def __init__(self, context: EndpointContext, endpoint: str, hwm: int):
+        self.context = context
+        self.sock = context.sockets.make(zmq.XPUB, hwm=hwm, xpub_verbose=1)
         self.endpoint = bind(self.sock, endpoint)
         self.subscribers = 0
         self._task = asyncio.ensure_future(self._watch())
@@ -62,7 +59,7 @@ class _XPubSide:
 
     def close(self) -> None:
         self._task.cancel()
-        self.bus.sockets.close(self.sock)
+        self.context.sockets.close(self.sock)
 
 
 TAP_MAX_RATE = 200.0  # messages/s a tap mirrors at most: a sample for people, not a copy
@@ -75,8 +72,8 @@ class Tap(_XPubSide):
     sample, and neither the publisher nor the monitor spends CPU the graph needs (on a small
     machine the monitor's own decoding would otherwise take cores from the nodes)."""
 
-    def __init__(self, bus: Bus, endpoint: str):
-        super().__init__(bus, endpoint, hwm=100)
+    def __init__(self, context: EndpointContext, endpoint: str):
+        super().__init__(context, endpoint, hwm=100)
         self._next = 0.0
 
     def mirror(self, topic: str, frames: list) -> None:
@@ -92,9 +89,11 @@ class Tap(_XPubSide):
 class BroadcastPublisher(_XPubSide):
     """``latest`` or ``lossy`` publisher: XPUB, never blocks."""
 
-    def __init__(self, bus: Bus, topic: str, endpoint: str, hwm: int, delivery: str):
-        super().__init__(bus, endpoint, hwm)
+    def __init__(self, context: EndpointContext, topic: str, endpoint: str, hwm: int,
+                 delivery: str):
+        super().__init__(context, endpoint, hwm)
         self.topic, self.delivery = topic, delivery
+        self._sender = context.instance
         self.stats = TopicStats()
         self.seq = 0
         self._topic_frame = topic.encode()
@@ -120,7 +119,7 @@ class BroadcastPublisher(_XPubSide):
         self.stats.sent += 1
         if self.delivery == LOSSY and not self.subscribers:
             return  # nobody listens: do not even encode
-        frames = codec.encode(msg, self.bus.instance, self.seq)
+        frames = codec.encode(msg, self._sender, self.seq)
         if self.delivery == LATEST:
             self._newest = frames
         self._send(frames)
@@ -146,10 +145,10 @@ class BroadcastSubscriber:
     waiting message off the socket before it disconnects anything.
     """
 
-    def __init__(self, bus: Bus, topic: str, delivery: str, hwm: int = 1000):
-        self.bus, self.topic, self.delivery = bus, topic, delivery
+    def __init__(self, context: EndpointContext, topic: str, delivery: str, hwm: int = 1000):
+        self.context, self.topic, self.delivery = context, topic, delivery
         self.stats = TopicStats()
-        self.sock = bus.sockets.make(zmq.SUB, hwm=hwm)
+        self.sock = context.sockets.make(zmq.SUB, hwm=hwm)
         self.sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
         self.endpoints: set[str] = set()
         self._last_seq: dict[str, int] = {}
@@ -199,7 +198,7 @@ class BroadcastSubscriber:
             envelope = codec.decode(frames[1:])
         except codec.ProtocolError as exc:
             self.stats.malformed += 1
-            log.warning("%s: dropped malformed message on %s: %s", self.bus.instance,
+            log.warning("%s: dropped malformed message on %s: %s", self.context.instance,
                         self.topic, exc)
             return None
         if self.delivery == LATEST:
@@ -241,4 +240,4 @@ class BroadcastSubscriber:
     def close(self) -> None:
         if self._channel is not None:
             self._channel.close()
-        self.bus.sockets.close(self.sock)
+        self.context.sockets.close(self.sock)

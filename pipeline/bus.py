@@ -7,6 +7,10 @@ delivery classes live in their own modules:
 * :mod:`pipeline.broadcast`: ``latest`` and ``lossy`` topics (XPUB/SUB) and monitor taps;
 * :mod:`pipeline.reqrep`: request/reply services;
 * :mod:`pipeline.topics`: delivery class names, :class:`TopicSpec`, :class:`TopicStats`.
+
+The endpoints never see the bus: each gets the instance's
+:class:`~pipeline.endpoint_context.EndpointContext` (name, socket factory, the watermark and
+acknowledgement hooks), so the imports run one way, from here down.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import time
 
 from pipeline.broadcast import BroadcastPublisher, BroadcastSubscriber
+from pipeline.endpoint_context import EndpointContext
 from pipeline.ports import PortNotListed
 from pipeline.reliable import WINDOW_BYTES, ReliablePublisher
 from pipeline.reliable_subscriber import ReliableSubscriber
@@ -66,6 +71,9 @@ class Bus:
         self.servers: dict[str, ServiceServer] = {}
         self.clients: dict[str, ServiceClient] = {}
         self._peers: dict = {"topics": {}, "services": {}}
+        # What the endpoints get instead of the bus (they sit below it, see endpoint_context).
+        self.context = EndpointContext(instance, self.sockets, self._reliable, self.watermark,
+                                       self.on_output_acknowledged)
 
     # factories used by node code ---------------------------------------------------------------
 
@@ -74,14 +82,15 @@ class Bus:
             spec = self._spec(topic)
             endpoint = self._bind_endpoint(topic)
             if spec.delivery == RELIABLE:
-                pub = ReliablePublisher(self, topic, endpoint, spec.hwm,
+                pub = ReliablePublisher(self.context, topic, endpoint, spec.hwm,
                                         self.consumer_groups.get(topic, []), spec.hwm_bytes,
                                         spec.coalesce)
                 self._reliable.append(pub)
                 if spec.coalesce:
                     self._coalescing.append(pub)
             else:
-                pub = BroadcastPublisher(self, topic, endpoint, spec.hwm, spec.delivery)
+                pub = BroadcastPublisher(self.context, topic, endpoint, spec.hwm,
+                                         spec.delivery)
             self.publishers[topic] = pub
         return self.publishers[topic]
 
@@ -96,10 +105,11 @@ class Bus:
             if spec.delivery == RELIABLE:
                 group = partition_group(self.group, self.replica) if spec.partitioned \
                     else self.group
-                sub = ReliableSubscriber(self, topic, window or max(1, min(spec.hwm, 256)),
-                                         window_bytes, group)
+                sub = ReliableSubscriber(self.context, topic,
+                                         window or max(1, min(spec.hwm, 256)), window_bytes,
+                                         group)
             else:
-                sub = BroadcastSubscriber(self, topic, spec.delivery,
+                sub = BroadcastSubscriber(self.context, topic, spec.delivery,
                                           hwm=2 if spec.delivery == LATEST else spec.hwm)
             sub.set_endpoints(self._peers["topics"].get(topic, []))
             self.subscribers[topic] = sub
@@ -107,13 +117,14 @@ class Bus:
 
     def server(self, service: str) -> ServiceServer:
         if service not in self.servers:
-            self.servers[service] = ServiceServer(self, service, self._bind_endpoint(service))
+            self.servers[service] = ServiceServer(self.context, service,
+                                                  self._bind_endpoint(service))
         return self.servers[service]
 
     def client(self, service: str) -> ServiceClient:
         if service not in self.clients:
             self._check_listed("calls", service)
-            client = ServiceClient(self, service)
+            client = ServiceClient(self.context, service)
             client.set_endpoints(self._peers["services"].get(service, []))
             self.clients[service] = client
         return self.clients[service]

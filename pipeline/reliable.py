@@ -26,19 +26,16 @@ import os
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import zmq
 
 from pipeline import batch_codec, codec
 from pipeline.broadcast import Tap
 from pipeline.channel import Channel
+from pipeline.endpoint_context import EndpointContext
 from pipeline.messages import Batch, Credit, Join, Leave, LeaveAck
 from pipeline.sockets import ZERO_COPY_MIN, bind, tap_endpoint
 from pipeline.topics import HWM_BYTES, TopicStats, partition_of
-
-if TYPE_CHECKING:
-    from pipeline.bus import Bus
 
 log = logging.getLogger(__name__)
 
@@ -126,9 +123,11 @@ def _with_credit(group: _Group) -> list:
 class ReliablePublisher:
     """Publishes ``topic`` to every consumer group with credit-based flow control."""
 
-    def __init__(self, bus: Bus, topic: str, endpoint: str, hwm: int, groups: list[str],
-                 hwm_bytes: int = HWM_BYTES, coalesce: bool = False):
-        self.topic, self.hwm, self.hwm_bytes, self.bus = topic, hwm, hwm_bytes, bus
+    def __init__(self, context: EndpointContext, topic: str, endpoint: str, hwm: int,
+                 groups: list[str], hwm_bytes: int = HWM_BYTES, coalesce: bool = False):
+        self.topic, self.hwm, self.hwm_bytes, self.context = topic, hwm, hwm_bytes, context
+        self._sender = context.instance
+        self._on_output_acknowledged = context.on_output_acknowledged  # bound once
         # coalesce: small unkeyed messages sent in one turn of the loop go as one batch (see
         # send); _held are those not yet released to the groups.
         self.coalesce = coalesce
@@ -151,7 +150,7 @@ class ReliablePublisher:
         self._families = [[pair for _, pair in sorted(f)] for f in families.values()]
         self._plain = [(b, g) for b, g in self._backlogs if partition_of(g.name) is None]
         self._by_id: dict[bytes, tuple[_Group, _Member]] = {}
-        self.sock = bus.sockets.make(zmq.ROUTER, hwm=0, router_mandatory=1)
+        self.sock = context.sockets.make(zmq.ROUTER, hwm=0, router_mandatory=1)
         self.endpoint = bind(self.sock, endpoint)
         # Every send and receive on sock: credits are handled as the loop sees them.
         self._channel = Channel(self.sock, self._on_message)
@@ -162,7 +161,7 @@ class ReliablePublisher:
         self._unfinished: collections.deque = collections.deque()
         self.queued_bytes = 0  # of the messages in _unfinished: bounded by hwm_bytes
         self.completed_through = 0
-        self.tap = Tap(bus, tap_endpoint(endpoint))
+        self.tap = Tap(context, tap_endpoint(endpoint))
         self._secret = os.environ.get(SECRET_ENV) or None
         self._reaper: asyncio.TimerHandle | None = None
 
@@ -211,7 +210,7 @@ class ReliablePublisher:
     def _enqueue(self, msg, key: int | None) -> None:
         stats = self.stats
         self.seq = seq = self.seq + 1
-        frames = codec.encode(msg, self.bus.instance, seq)
+        frames = codec.encode(msg, self._sender, seq)
         targets = self._plain
         if self._families:
             pick = seq if key is None else key
@@ -358,7 +357,7 @@ class ReliablePublisher:
         except codec.ProtocolError as exc:
             self.stats.malformed += 1
             log.warning("%s: malformed control message on %s: %s",
-                        self.bus.instance, self.topic, exc)
+                        self.context.instance, self.topic, exc)
             return
         self._on_control(frames[0].bytes, msg)
 
@@ -385,7 +384,7 @@ class ReliablePublisher:
                     msg.token.encode(), self._secret.encode()):
                 self.stats.refused += 1
                 log.warning("%s: refused a join of %s to %s as group %s: wrong run secret",
-                            self.bus.instance, msg.instance, self.topic, msg.group)
+                            self.context.instance, msg.instance, self.topic, msg.group)
                 return
             if member is not None:  # a re-join on the same connection replaces the member
                 self._drop_member(routing_id)
@@ -399,12 +398,12 @@ class ReliablePublisher:
             group.members[routing_id] = member
             group.empty_since = None
             self._by_id[routing_id] = (group, member)
-            log.info("%s: %s joined %s as group %s", self.bus.instance, msg.instance,
+            log.info("%s: %s joined %s as group %s", self.context.instance, msg.instance,
                      self.topic, msg.group)
             self._start_reaper()
             self._pump(group)
         elif member is None:
-            log.warning("%s: control %s from unknown peer on %s", self.bus.instance,
+            log.warning("%s: control %s from unknown peer on %s", self.context.instance,
                         type(msg).__name__, self.topic)
         elif isinstance(msg, Credit):
             inflight, freed = member.inflight, 0
@@ -436,7 +435,7 @@ class ReliablePublisher:
         for routing_id, (_, member) in list(self._by_id.items()):
             if now - member.last_seen > MEMBER_TIMEOUT_S:
                 self.stats.evicted += 1
-                log.warning("%s: %s silent on %s for %.0fs; dropping it", self.bus.instance,
+                log.warning("%s: %s silent on %s for %.0fs; dropping it", self.context.instance,
                             member.instance, self.topic, now - member.last_seen)
                 self._drop_member(routing_id)
         for group in list(self.groups.values()):
@@ -448,7 +447,7 @@ class ReliablePublisher:
 
     def _forget_group(self, group: _Group) -> None:
         log.warning("%s: group %s left %s for good; releasing its %d messages",
-                    self.bus.instance, group.name, self.topic, len(group.backlog))
+                    self.context.instance, group.name, self.topic, len(group.backlog))
         del self.groups[group.name]
         self._backlogs = [(b, g) for b, g in self._backlogs if g is not group]
         self._plain = [(b, g) for b, g in self._plain if g is not group]
@@ -471,7 +470,7 @@ class ReliablePublisher:
             self.stats.redelivered += len(member.inflight)
             group.backlog.extendleft(reversed(member.inflight))
             log.warning("%s: %s left %s with %d unacknowledged messages; redelivering",
-                        self.bus.instance, member.instance, self.topic, len(member.inflight))
+                        self.context.instance, member.instance, self.topic, len(member.inflight))
         self._pump(group)
         self._notify_progress()
 
@@ -482,7 +481,7 @@ class ReliablePublisher:
                 record = unfinished.popleft()
                 self.completed_through = record.seq
                 self.queued_bytes -= record.nbytes
-            self.bus.on_output_acknowledged()
+            self._on_output_acknowledged()
 
     def _notify_progress(self) -> None:
         if not self._full():
@@ -498,4 +497,4 @@ class ReliablePublisher:
             self._send_ctrl(routing_id, _LEAVE_ACK, LeaveAck(self.topic))
         self._channel.close()
         self.tap.close()
-        self.bus.sockets.close(self.sock)
+        self.context.sockets.close(self.sock)

@@ -11,12 +11,12 @@ import collections
 import logging
 import os
 import struct
-from typing import TYPE_CHECKING
 
 import zmq
 
 from pipeline import batch_codec, codec, reliable
 from pipeline.channel import Channel
+from pipeline.endpoint_context import EndpointContext
 from pipeline.messages import Batch, Credit, Join, Leave
 from pipeline.reliable import (
     _BATCH,
@@ -30,9 +30,6 @@ from pipeline.reliable import (
 )
 from pipeline.topics import TopicStats
 
-if TYPE_CHECKING:
-    from pipeline.bus import Bus
-
 log = logging.getLogger(__name__)
 
 _BATCH_KIND = Batch.KIND
@@ -43,7 +40,7 @@ class _Connection:
 
     def __init__(self, sub: ReliableSubscriber, endpoint: str):
         self.sub, self.endpoint = sub, endpoint
-        self.sock = sub.bus.sockets.make(zmq.DEALER, hwm=0)
+        self.sock = sub.context.sockets.make(zmq.DEALER, hwm=0)
         self.sock.connect(endpoint)
         self._channel = Channel(self.sock, self._on_message)  # every send and receive on sock
         self.expected = 1
@@ -52,7 +49,7 @@ class _Connection:
         self.handled_bytes = 0  # their envelopes and array frames
         self.left = False
         # The DEALER queues this until the connection is up: no handshake, no sleep.
-        self.send_control(Join(sub.topic, sub.group, sub.bus.instance, sub.window,
+        self.send_control(Join(sub.topic, sub.group, sub.context.instance, sub.window,
                                sub.window_bytes, os.environ.get(SECRET_ENV, "")))
         if sub.leaving:
             self.send_control(Leave(sub.topic))
@@ -85,13 +82,13 @@ class _Connection:
             return
         if head[:1] != _DATA or len(head) < _HEAD.size:
             sub.stats.malformed += 1
-            log.warning("%s: dropped badly framed message on %s", sub.bus.instance, sub.topic)
+            log.warning("%s: dropped badly framed message on %s", sub.context.instance, sub.topic)
             self.ack(1)  # it took a credit: give it back so the publisher is not starved
             return
         delivery = _U64.unpack_from(head, 1)[0]
         if delivery != self.expected:
             sub.stats.gaps += abs(delivery - self.expected)
-            log.error("%s: gap on %s from %s: expected %d, got %d", sub.bus.instance,
+            log.error("%s: gap on %s from %s: expected %d, got %d", sub.context.instance,
                       sub.topic, self.endpoint, self.expected, delivery)
         self.expected = delivery + 1
         self.unacked += 1
@@ -105,7 +102,7 @@ class _Connection:
             self._enqueue(envelope, nbytes)
         except codec.ProtocolError as exc:
             sub.stats.malformed += 1
-            log.warning("%s: dropped malformed message on %s: %s", sub.bus.instance,
+            log.warning("%s: dropped malformed message on %s: %s", sub.context.instance,
                         sub.topic, exc)
             self.ack(1)
 
@@ -127,7 +124,7 @@ class _Connection:
         sub = self.sub
         if len(head) < _BATCH_HEAD.size:
             sub.stats.malformed += 1
-            log.warning("%s: dropped badly framed batch on %s", sub.bus.instance, sub.topic)
+            log.warning("%s: dropped badly framed batch on %s", sub.context.instance, sub.topic)
             self.ack(1)
             return
         _, first, count = _BATCH_HEAD.unpack_from(head)
@@ -136,7 +133,7 @@ class _Connection:
         messages = count if sane else 1
         if first != self.expected:
             sub.stats.gaps += abs(first - self.expected)
-            log.error("%s: gap on %s from %s: expected %d, got %d", sub.bus.instance,
+            log.error("%s: gap on %s from %s: expected %d, got %d", sub.context.instance,
                       sub.topic, self.endpoint, self.expected, first)
         self.expected = first + messages
         self.unacked += messages
@@ -151,7 +148,7 @@ class _Connection:
         if not sane:
             # Every message in it took a credit: give them all back.
             sub.stats.malformed += messages
-            log.warning("%s: dropped a badly framed batch of %d on %s", sub.bus.instance,
+            log.warning("%s: dropped a badly framed batch of %d on %s", sub.context.instance,
                         messages, sub.topic)
             self.ack(messages)
             return
@@ -168,7 +165,7 @@ class _Connection:
                     enqueue(decode(alone, start, end), length)
             except codec.ProtocolError as exc:
                 bad += 1
-                log.warning("%s: dropped malformed message on %s: %s", sub.bus.instance,
+                log.warning("%s: dropped malformed message on %s: %s", sub.context.instance,
                             sub.topic, exc)
             start = end
         if bad:
@@ -177,7 +174,7 @@ class _Connection:
 
     def close(self) -> None:
         self._channel.close()
-        self.sub.bus.sockets.close(self.sock)
+        self.sub.context.sockets.close(self.sock)
 
 
 class ReliableSubscriber:
@@ -189,9 +186,11 @@ class ReliableSubscriber:
     is coming and everything already delivered was returned.
     """
 
-    def __init__(self, bus: Bus, topic: str, window: int, window_bytes: int,
-                 group: str | None = None):
-        self.bus, self.topic, self.group = bus, topic, group or bus.group
+    def __init__(self, context: EndpointContext, topic: str, window: int, window_bytes: int,
+                 group: str):
+        self.context, self.topic, self.group = context, topic, group
+        # The end-to-end acknowledgement, asked once per handled message: bound here.
+        self._outputs, self._watermark = context.outputs, context.watermark
         self.window, self.window_bytes = window, window_bytes  # credit per publisher
         self.stats = TopicStats()
         self.connections: dict[str, _Connection] = {}
@@ -251,7 +250,7 @@ class ReliableSubscriber:
         if conn is not None:
             self._last = None
             # (a node without reliable outputs has no watermark: skip asking for it)
-            watermark = self.bus.watermark() if self.bus._reliable else ()
+            watermark = self._watermark() if self._outputs else ()
             if watermark or self._waiting:
                 # End to end: what this node published while handling the message must be
                 # acknowledged downstream before the message is, or a crash here would lose it.

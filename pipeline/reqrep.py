@@ -15,17 +15,14 @@ import collections
 import itertools
 import logging
 import struct
-from typing import TYPE_CHECKING
 
 import zmq
 
 from pipeline import codec, stream
 from pipeline.channel import Channel
+from pipeline.endpoint_context import EndpointContext
 from pipeline.sockets import bind
 from pipeline.topics import TopicStats
-
-if TYPE_CHECKING:
-    from pipeline.bus import Bus
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +53,9 @@ class ServiceServer:
     :class:`~pipeline.channel.Channel`: requests are parsed as they arrive and queued, replies
     go out at once (the env runners wait on this round trip every step)."""
 
-    def __init__(self, bus: Bus, service: str, endpoint: str):
-        self.bus, self.service = bus, service
+    def __init__(self, context: EndpointContext, service: str, endpoint: str):
+        self.context, self.service = context, service
+        self._sender = context.instance
         self.stats = TopicStats()
         self._waiting: collections.deque[Request] = collections.deque()
         self._wakeup: asyncio.Future | None = None
@@ -69,7 +67,7 @@ class ServiceServer:
             self._listener = stream.Listener(path)
             self.endpoint = stream.SCHEME + path
         else:
-            self.sock = bus.sockets.make(zmq.ROUTER, hwm=0)
+            self.sock = context.sockets.make(zmq.ROUTER, hwm=0)
             self.endpoint = bind(self.sock, endpoint)
         self._started = False
 
@@ -104,7 +102,7 @@ class ServiceServer:
         return self._waiting.popleft() if self._waiting else None
 
     def send_reply(self, request: Request, msg) -> None:
-        frames = codec.encode(msg, self.bus.instance)
+        frames = codec.encode(msg, self._sender)
         route = request.routing_id
         if type(route) is stream.StreamChannel:
             if not route.closed:  # a client that went away gets nothing, as from a ROUTER
@@ -129,7 +127,8 @@ class ServiceServer:
             envelope = codec.decode(frames)
         except codec.ProtocolError as exc:
             self.stats.malformed += 1
-            log.warning("%s: malformed request on %s: %s", self.bus.instance, self.service, exc)
+            log.warning("%s: malformed request on %s: %s", self.context.instance, self.service,
+                        exc)
             return
         self.stats.received += 1
         self._waiting.append(Request(self, route, request_id, envelope))
@@ -157,7 +156,7 @@ class ServiceServer:
         if self._channel is not None:
             self._channel.close()
         if self.sock is not None:
-            self.bus.sockets.close(self.sock)
+            self.context.sockets.close(self.sock)
         if self._listener is not None:
             self._listener.close()
             for channel in list(self._streams):
@@ -176,8 +175,9 @@ class ServiceClient:
     A pending request is a plain future with a timer, not a task: the env runner makes one per
     step of its environments, and tasks and ``wait_for`` cost more than the round trip."""
 
-    def __init__(self, bus: Bus, service: str):
-        self.bus, self.service = bus, service
+    def __init__(self, context: EndpointContext, service: str):
+        self.context, self.service = context, service
+        self._sender = context.instance
         self.stats = TopicStats()
         self._conns: dict[str, tuple] = {}  # endpoint -> (socket, Channel or StreamChannel)
         self._pending: dict[bytes, asyncio.Future] = {}
@@ -205,7 +205,7 @@ class ServiceClient:
                 if stream.is_stream(endpoint):
                     self._connect_stream(endpoint)
                 else:
-                    sock = self.bus.sockets.make(zmq.DEALER, hwm=0)
+                    sock = self.context.sockets.make(zmq.DEALER, hwm=0)
                     sock.connect(endpoint)
                     self._conns[endpoint] = (sock, Channel(sock, self._on_reply))
         for endpoint in list(self._conns):
@@ -218,7 +218,7 @@ class ServiceClient:
         sock, channel = self._conns.pop(endpoint)
         channel.close()  # a stream channel closes its socket itself
         if not isinstance(channel, stream.StreamChannel):
-            self.bus.sockets.close(sock)
+            self.context.sockets.close(sock)
 
     def _on_connections_changed(self) -> None:
         if self._conns:
@@ -330,7 +330,7 @@ class ServiceClient:
         timer = loop.call_later(timeout, self._time_out, future, timeout)
         future.add_done_callback(lambda _: self._forget(request_id, timer))
         self.stats.sent += 1
-        self._conns[endpoint][1].send([request_id, *codec.encode(msg, self.bus.instance)])
+        self._conns[endpoint][1].send([request_id, *codec.encode(msg, self._sender)])
         return future
 
     # Waiting for a server (issue 11) ---------------------------------------------------------

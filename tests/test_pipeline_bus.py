@@ -590,7 +590,7 @@ async def _coalesce(tmp_path) -> None:
         for origin in range(1, 101):
             await pub.send(Record(origin, np.full(2, origin)))
         assert pub.seq == 1  # the first 64 as one batch; 36 held
-        assert pub.bus.watermark() == ((pub, 2),)  # releases the 36 as a second batch
+        assert pub.context.watermark() == ((pub, 2),)  # releases the 36 as a second batch
         await pub.send(Record(101, None))  # held
         await pub.send(Record(102, large))  # large: the held one goes first, then this
         await pub.send(Record(103, None), key=0)  # keyed: alone
