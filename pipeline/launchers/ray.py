@@ -27,7 +27,7 @@ import os
 import signal
 import sys
 
-from pipeline.launchers import run_py
+from pipeline.launchers.local import run_py
 
 log = logging.getLogger(__name__)
 
