@@ -1,8 +1,9 @@
 """The supervisor: one OS process per node replica, watched, restarted, swapped, stopped.
 
 Shaped like Circus: one :class:`Watcher` task per replica with its own restart policy, no global
-lock; control commands are handled one function each and answered with data; every lifecycle
-event is published on ``supervisor.<node>.<event>`` (and appended to ``events.jsonl``).
+lock; control commands are handled one function each (:data:`pipeline.commands.COMMANDS`, each
+given the supervisor) and answered with data; every lifecycle event is published on
+``supervisor.<node>.<event>`` (and appended to ``events.jsonl``).
 
 Start: every node at once. Waiting for peers is the bus's job (a reliable publisher holds
 messages until each declared consumer group has joined, a client waits for a server), so start
@@ -27,7 +28,7 @@ import time
 import zmq
 
 from pipeline import codec, curve, launchers, wiring
-from pipeline.commands import ControlCommands, control_commands
+from pipeline.commands import COMMANDS
 from pipeline.forkserver import ForkServer
 from pipeline.graph import Graph
 from pipeline.ledger import reconcile
@@ -64,7 +65,7 @@ def _last_generation(directory: str) -> int:
     return max((int(n) for n in numbers if n.isdigit()), default=0)
 
 
-class Supervisor(ControlCommands):
+class Supervisor:
     """Runs a graph as processes. Use :meth:`run` (returns an exit code)."""
 
     def __init__(self, graph: Graph, run_dir: str, resume: str | None = None,
@@ -91,7 +92,7 @@ class Supervisor(ControlCommands):
         self.ended_by: str | None = None
         self.stop_event = asyncio.Event()
         self._started = asyncio.Event()  # every node was started (or the run stopped first)
-        self._watchers_made = asyncio.Event()  # every node of the graph has its watchers
+        self.watchers_made = asyncio.Event()  # every node of the graph has its watchers
         self._request_ids = 0
         self._node_requests: dict[int, asyncio.Future] = {}  # commands sent to nodes
         self.started_at = time.monotonic()
@@ -303,12 +304,12 @@ class Supervisor(ControlCommands):
         code ``timeout`` if the command is still going on (it is not cancelled half-way, e.g. a
         swap whose replacement is starting; ``status`` shows how it ends)."""
         budget = args.pop("_timeout_s", None)
-        handler = getattr(self, f"cmd_{command}", None)
+        handler = COMMANDS.get(command)
         if handler is None:
             return _error("unknown_command", f"unknown command {command!r} (commands: "
-                                             f"{', '.join(sorted(control_commands()))})")
+                                             f"{', '.join(sorted(COMMANDS))})")
         try:
-            work = asyncio.ensure_future(handler(**args))
+            work = asyncio.ensure_future(handler(self, **args))
         except TypeError as exc:  # arguments the command does not take
             return _error("bad_request", f"{command}: {exc}")
         work.add_done_callback(_retrieve)
@@ -361,7 +362,42 @@ class Supervisor(ControlCommands):
         if future is not None and not future.done():
             future.set_result(msg)
 
-    # --- commands (run.py status|stop|restart|swap|scale) ------------------------------------
+    # --- state and events -------------------------------------------------------------------
+
+    async def status(self) -> dict:
+        """The run as it is now: every replica's state and last heartbeat, the topics'
+        publishers and taps (the ``status`` command, the progress line, ``summary.json``)."""
+        nodes = {}
+        for name, watchers in self.watchers.items():
+            for w in watchers:
+                inc = w.current
+                nodes[w.instance] = {
+                    "state": w.state,
+                    "kind": w.kind or self.graph.nodes[name].kind,
+                    "pid": inc.process.pid if inc and inc.process else None,
+                    "incarnation": inc.launch.incarnation if inc else None,
+                    "restarts": w.restarts,
+                    "heartbeat_age_s": round(time.monotonic() - inc.last_heartbeat, 2)
+                    if inc and inc.last_heartbeat else None,
+                    **(inc.heartbeat if inc else {}),
+                }
+        peers = self.peers()
+        taps = {}
+        for inc in self.incarnations.values():
+            for key, ep in inc.endpoints.items():
+                if key.endswith(".tap"):
+                    taps.setdefault(key[:-4], []).append(ep)
+        return {"graph": self.graph.name, "run_dir": self.run_dir,
+                "uptime_s": round(time.monotonic() - self.started_at, 1), "nodes": nodes,
+                "topics": {t: {"delivery": d.delivery, "publishers": peers.topics.get(t, []),
+                               "taps": taps.get(t, [])}
+                           for t, d in self.graph.topics.items()},
+                "events": self.events_endpoint,
+                "forkserver": {"pid": self.forkserver.pid, "alive": self.forkserver.alive}
+                if self.forkserver else None}
+
+    # pipeline/cli.py's progress line still calls it by this name; to go once it calls status().
+    cmd_status = status
 
     def publish_event(self, watcher: Watcher, event: str, detail: str = "") -> None:
         inc = watcher.current.launch.incarnation if watcher.current else watcher.instance
@@ -459,7 +495,7 @@ class Supervisor(ControlCommands):
             except RunFailed as exc:
                 self.fail(str(exc))
             finally:
-                self._watchers_made.set()
+                self.watchers_made.set()
                 self._started.set()
             duration = self.graph.run.duration_s
             try:
@@ -519,7 +555,7 @@ class Supervisor(ControlCommands):
     async def _write_summary(self) -> None:
         # What every node reported last (final summaries and bus counters), for users and
         # tests to read after the run.
-        summary = await self.cmd_status()
+        summary = await self.status()
         summary["failure"] = self.failure
         summary["ledger"] = reconcile(self.run_dir)  # exactly-once over the run: see ledger.py
         _write_json(os.path.join(self.run_dir, "summary.json"), summary)
@@ -531,7 +567,7 @@ class Supervisor(ControlCommands):
                 w = Watcher(self, name, r)
                 self.watchers[name].append(w)
                 starts.append(w.start())
-        self._watchers_made.set()
+        self.watchers_made.set()
         # A stop (SIGINT, an end condition) while nodes are still starting ends the wait.
         everything = asyncio.ensure_future(asyncio.gather(*starts))
         stop = asyncio.ensure_future(self.stop_event.wait())

@@ -1,6 +1,7 @@
 """A node replica's watcher: starts its incarnations, restarts them per the node's restart
 policy with exponential backoff, and ends the run on a crash loop (Circus's watcher, one task per
-replica, no global lock). The :class:`~pipeline.supervisor.Supervisor` owns the watchers.
+replica, no global lock). The :class:`~pipeline.supervisor.Supervisor` owns the watchers; a
+watcher knows it only as a :class:`WatcherHost`, so this module imports nothing above it.
 """
 
 from __future__ import annotations
@@ -9,12 +10,10 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from pipeline.graph import Graph
 from pipeline.node import Launch
-
-if TYPE_CHECKING:
-    from pipeline.supervisor import Supervisor
 
 log = logging.getLogger("pipeline.supervisor")  # one log for the supervisor and its watchers
 
@@ -40,10 +39,30 @@ class Incarnation:
     started_at: float = field(default_factory=time.monotonic)
 
 
+class WatcherHost(Protocol):
+    """What a watcher uses of the supervisor that owns it."""
+
+    graph: Graph
+    stopping: bool  # the run is ending: nothing is restarted
+    failure: str | None  # why the run failed, if it did
+
+    async def launch(self, watcher: Watcher) -> Incarnation: ...
+
+    async def stop_incarnation(self, inc: Incarnation, reason: str) -> None: ...
+
+    def guarded(self, coro, what: str) -> asyncio.Task: ...
+
+    def fail(self, reason: str) -> None: ...
+
+    def publish_event(self, watcher: Watcher, event: str, detail: str = "") -> None: ...
+
+    def log_path(self, watcher: Watcher) -> str: ...
+
+
 class Watcher:
     """Keeps one replica (``<node>.<replica>``) running according to its restart policy."""
 
-    def __init__(self, sup: Supervisor, node: str, replica: int, kind: str | None = None,
+    def __init__(self, sup: WatcherHost, node: str, replica: int, kind: str | None = None,
                  config: dict | None = None, fresh: bool = False, trial: bool = False):
         self.sup, self.node, self.replica = sup, node, replica
         # A trial (a swap's replacement, a replica added by scale) that fails before it was
