@@ -144,6 +144,18 @@ class PPOAlgorithm(RLAlgorithm):
         done = int(self.trained_env_steps) / self.learning_rate_anneal_steps
         return self.learning_rate * max(0.0, 1.0 - done)
 
+    @classmethod
+    def rollout_info_spec(cls, config, observation_space, action_space) -> dict:
+        """What ``rollout_step`` keeps of each step for training (:mod:`algorithms.schema`):
+        the action's log-probability, the value, and a recurrent policy's starting state
+        (the actor's and the value's cells side by side)."""
+        from algorithms.schema import FieldSpec
+
+        spec = {"log_prob": FieldSpec((), "float32"), "value": FieldSpec((), "float32")}
+        if config.rnn_size is not None:
+            spec["state"] = FieldSpec((2 * config.rnn_size,), "float32")
+        return spec
+
     def get_initial_state(self, batch_size: int):
         """The GRU's zero state ``[batch_size, rnn_size]``, or ``()`` when feed-forward."""
         if self.rnn is None:

@@ -39,6 +39,32 @@ def make_algorithm(agent: Agent, device: str):
                            device=resolve_device(device))
 
 
+def experience_schema(agent: Agent):
+    """The agent's declared experience schema (:mod:`algorithms.schema`): every hop checks
+    the first batch it gets from each producer against it."""
+    from algorithms.schema import agent_schema
+
+    obs_space, action_space = env_spaces(agent.env_id, agent.env_kwargs)
+    return agent_schema(agent.algorithm, obs_space, action_space)
+
+
+class FirstBatchCheck:
+    """Checks the first batch from each sender against the schema (one dict lookup after
+    that: the producers' code does not change shape between batches)."""
+
+    def __init__(self, schema, batch_dims: int, where: str, shapes: bool = True):
+        self.schema, self.batch_dims, self.where = schema, batch_dims, where
+        self.shapes = shapes
+        self.seen: set = set()
+
+    def __call__(self, rows: dict, sender: str = "") -> None:
+        if sender in self.seen:
+            return
+        where = f"{self.where} from {sender}" if sender else self.where
+        self.schema.check(rows, self.batch_dims, where, self.shapes)
+        self.seen.add(sender)
+
+
 def probe(alg, observation) -> list | None:
     """What the policy sees for one raw ``observation``: the data transformers applied with
     the statistics the algorithm holds now (None without transformers)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nodes._agent import Agent
 from storage import BetaSchedule, MaxStaleness, MaxUse, SampleStatistics, ThroughputMonitor
 from typedconfig import ConfigError
 
@@ -70,6 +71,9 @@ class Config:
         "doc": "memory-map the buffer here (relative to the run directory): a restarted store "
                "re-attaches to it and loses nothing, instead of going back to a checkpoint"})
     metrics_interval_s: float = field(default=5.0, metadata={"doc": "metrics period"})
+    agent: Agent | None = field(default=None, metadata={
+        "doc": "the graph's agent: section (filled in at load): the first batch from each "
+               "sender is checked against its experience schema"})
 
     def __post_init__(self):
         self.validate()

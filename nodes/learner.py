@@ -33,11 +33,14 @@ from dataclasses import dataclass, field
 import torch
 
 from algorithms.data import Experience, mini_batch_rows
+from algorithms.schema import REPLAY_EXTRAS
 from nodes._agent import Agent, agent_field
 from nodes._common import (
+    FirstBatchCheck,
     ProbeLog,
     as_torch,
     discard_left_state,
+    experience_schema,
     leave_state,
     make_algorithm,
     restore_from_checkpoint,
@@ -112,6 +115,16 @@ class Learner:
         torch.set_num_threads(config.num_threads)
         self.config, self.node, self.bus = config, node, bus
         self.alg = make_algorithm(config.agent, node.info.device)
+        # The first batch from each sender checked against the agent's schema: trajectories
+        # whole; replay samples by names and dtypes, with the replay store's extras
+        # (nstep.*, episode.*), which no algorithm reads yet: set apart, reported in the
+        # status (``replay_extras``), never dropped unsaid.
+        schema = experience_schema(config.agent).with_extras(*REPLAY_EXTRAS)
+        self.schema = schema
+        self.check_rows = FirstBatchCheck(
+            schema, 2, f"{node.info.instance}: "
+            f"{'trajectories' if config.agent.on_policy else 'sample'}",
+            shapes=config.agent.on_policy)
         self.params = bus.publisher("params")
         self.metrics = bus.publisher("metrics") if bus.publishes("metrics") else None
         self.version = 0
@@ -248,7 +261,7 @@ class Learner:
             reply = envelope if isinstance(envelope, ShardedBatch) else envelope.message
             shards = getattr(reply, "shards", None)  # each row's replay shard, if sharded
             self.env_steps = max(self.env_steps, reply.env_steps)
-            exp = Experience.from_dict(to_torch(reply.experience))
+            exp = self.experience(reply.experience, getattr(envelope, "sender", ""))
             weights = torch.as_tensor(reply.importance_weights) if config.prioritized else None
             updates = self.alg.train_on_mini_batches(exp, config.mini_batch_size, weights)
             try:
@@ -289,13 +302,24 @@ class Learner:
             return self.shards.submit(request, self.config.request_timeout_s)
         return client.submit(request, self.config.request_timeout_s)
 
+    def experience(self, rows: dict, sender: str) -> Experience:
+        """A received batch as the algorithm's ``Experience``, checked at the first batch of
+        each sender; the replay store's extras set apart (named in the status)."""
+        self.check_rows(rows, sender)
+        rows, extras = self.schema.without_extras(rows)
+        if extras and "replay_extras" not in self.node.status:
+            self.node.status["replay_extras"] = extras
+            log.info("%s: replay extras %s are not used by %s", self.node.info.instance,
+                     extras, self.config.agent.algorithm.name)
+        return Experience.from_dict(to_torch(rows))
+
     async def train_on_policy(self) -> None:
         trajectories = self.bus.subscriber("trajectories")
         async for envelope in trajectories:
             msg = envelope.message
             self.env_steps = max(self.env_steps, msg.env_steps)
             started = time.perf_counter()
-            result = self.alg.train_on(Experience.from_dict(to_torch(msg.experience)))
+            result = self.alg.train_on(self.experience(msg.experience, envelope.sender))
             self._train_s += time.perf_counter() - started
             await self.after_update(result.metrics)
             if self.env_steps >= self.config.num_env_steps:

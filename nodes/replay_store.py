@@ -35,7 +35,13 @@ import os
 import numpy as np
 import torch
 
-from nodes._common import resolve_device, restore_from_checkpoint, start_state_server
+from nodes._common import (
+    FirstBatchCheck,
+    experience_schema,
+    resolve_device,
+    restore_from_checkpoint,
+    start_state_server,
+)
 from nodes._rate_limiter import RateLimiter
 from nodes._replay_config import Config, buffer_controls
 from nodes._replay_continuity import (
@@ -98,6 +104,8 @@ class ReplayStore:
         # Exactly once through restarts: the newest message of each sender that the buffer
         # holds (checkpointed with it), and the run's ledger of what was stored (set by run()).
         self.applied: dict[str, int] = {}
+        self.check_rows = None if config.agent is None else FirstBatchCheck(
+            experience_schema(config.agent), 1, f"{node.info.instance}: experience")
         self.part_in_files: tuple | None = None  # (sender, seq, steps): see applied_in_files
         self.ledger = None
         self.redelivered = 0
@@ -186,6 +194,9 @@ class ReplayStore:
         stored again only if the buffer lost it (restored from an older checkpoint, or
         killed between the ledger's record and the insert), and is recorded in the ledger
         only the first time, just before its insert."""
+        if self.check_rows is not None:
+            for msg in msgs:
+                self.check_rows(msg.experience, sender)
         if self.ledger is not None and not self.ledger.recorded(sender, seq):
             self.ledger.record(sender, seq, sum(len(msg.env_ids) for msg in msgs))
         if seq > self.applied.get(sender, 0):

@@ -30,7 +30,9 @@ import torch
 from algorithms.data import TimeStep
 from nodes._agent import Agent, agent_field
 from nodes._common import (
+    FirstBatchCheck,
     ProbeLog,
+    experience_schema,
     make_algorithm,
     restore_from_checkpoint,
     start_state_server,
@@ -110,6 +112,10 @@ class Unroller:
         self.zero_state = zero[0] if isinstance(zero, torch.Tensor) else None
         self.hidden: dict[tuple[str, int], torch.Tensor] = {}
         self.probe = ProbeLog(node.status, config.agent.probe_observation)
+        # What this node sends, checked against the agent's declared schema at the first
+        # batch (a producer that builds a field wrongly fails here, naming the field).
+        self.check_rows = FirstBatchCheck(experience_schema(config.agent), 1,
+                                          f"{node.info.instance}: experience")
 
     def load_params(self, envelope) -> None:
         msg = envelope.message
@@ -165,6 +171,7 @@ class Unroller:
             await request.reply(ActionBatch(action[lo:hi], self.version, self.env_steps))
         rows = strip_empty({**ts._asdict(), "action": action,
                             **{f"rollout_info.{k}": v for k, v in info.items()}})
+        self.check_rows(rows)
         if self.partitioned:
             for i, s in enumerate(steps):
                 lo, hi = bounds[i], bounds[i + 1]
