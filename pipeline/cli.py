@@ -333,7 +333,7 @@ async def _progress(sup) -> None:
     tty = sys.stderr.isatty()
     while True:
         await asyncio.sleep(1.0 if tty else 10.0)  # a display period
-        status = await sup.cmd_status()
+        status = await sup.status()
         line = format_progress(status)
         if tty:
             print("\r" + line[: os.get_terminal_size().columns - 1].ljust(60), end="",

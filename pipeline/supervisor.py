@@ -396,9 +396,6 @@ class Supervisor:
                 "forkserver": {"pid": self.forkserver.pid, "alive": self.forkserver.alive}
                 if self.forkserver else None}
 
-    # pipeline/cli.py's progress line still calls it by this name; to go once it calls status().
-    cmd_status = status
-
     def publish_event(self, watcher: Watcher, event: str, detail: str = "") -> None:
         inc = watcher.current.launch.incarnation if watcher.current else watcher.instance
         msg = Lifecycle(watcher.node, inc, event, detail)
