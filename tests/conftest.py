@@ -53,3 +53,11 @@ def live_runs(tmp_path):
     yield start
     for run in runs:
         run.kill()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The random order's seed at the end of every run, ``-q`` included: a failure that
+    depends on the order is repeated with ``pytest --randomly-seed=N``."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if seed is not None and config.pluginmanager.hasplugin("randomly"):
+        terminalreporter.write_line(f"random order: --randomly-seed={seed}")

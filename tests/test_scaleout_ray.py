@@ -49,13 +49,16 @@ run:
 """
 
 
+LOCAL = {"node_ip_address": "127.0.0.1", "num_cpus": 1}
+
+
 @pytest.fixture(scope="module")
 def cluster():
-    """A head and two worker Ray nodes, each with a custom resource naming it."""
-    local = {"node_ip_address": "127.0.0.1", "num_cpus": 1}
+    """A head and two worker Ray nodes, each with a custom resource naming it. A test that
+    removes a worker puts an equal one back before it ends: the tests run in any order."""
     c = cluster_utils.Cluster(initialize_head=True,
-                              head_node_args={**local, "resources": {"head": 1}})
-    workers = {name: c.add_node(**local, resources={name: 1, "worker": 1})
+                              head_node_args={**LOCAL, "resources": {"head": 1}})
+    workers = {name: c.add_node(**LOCAL, resources={name: 1, "worker": 1})
                for name in ("box_a", "box_b")}
     c.wait_for_nodes()
     yield c, workers
@@ -107,11 +110,14 @@ def test_a_dead_ray_node_s_replica_comes_back_elsewhere_with_nothing_lost(cluste
         run.wait_ready()
         run.wait_for_origin("doubled", 3_000, 120)
         first = _ray_node(dict(_started(run.run_dir))["transformer"])
-        doomed = next(w for w in workers.values() if w.node_id.startswith(first))
-        c.remove_node(doomed, allow_graceful=False)  # its raylet and processes die
+        name = next(n for n, w in workers.items() if w.node_id.startswith(first))
+        c.remove_node(workers.pop(name), allow_graceful=False)  # its raylet and processes die
         assert run.finish(300) == 0, run.stderr
     finally:
         run.kill()
+        for lost in {"box_a", "box_b"} - set(workers):  # the cluster as the fixture made it
+            workers[lost] = c.add_node(**LOCAL, resources={lost: 1, "worker": 1})
+        c.wait_for_nodes()
     result = run.result()
     # The lost transformer's unacknowledged input is redelivered: at least once, none lost.
     assert result["unique"] == n and result["missing"] == 0, result
@@ -127,7 +133,7 @@ def test_dqn_cartpole_on_ray_reaches_475(cluster, tmp_path):
     from tests.test_graphs_training import graph, learned
 
     c, workers = cluster
-    box = next(name for name, w in workers.items() if w in c.worker_nodes)  # still alive
+    box = next(iter(workers))
     runs = []
 
     def start(seed: int) -> LiveRun:
