@@ -38,7 +38,8 @@ def main(argv: list[str]) -> int:
             die_with_parent(int(os.environ[PARENT_ENV]))
 
         return process_main(argv[1], argv[2] if len(argv) > 2 else None)
-    if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
+    if argv and argv[0] not in COMMANDS and argv[0] not in _EXTRA and \
+            not argv[0].startswith("-"):
         argv = ["run", *argv]  # `python run.py graph.yaml` is the main form
     parser = _parser()
     try:
@@ -55,6 +56,18 @@ def main(argv: list[str]) -> int:
         return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_OK
+
+
+# Commands a package above pipeline/ adds (``nodes`` adds ``play`` and ``export``): name ->
+# (help, add_arguments(parser), run(args) -> exit code). pipeline/ knows no RL.
+_EXTRA: dict[str, tuple[str, object, object]] = {}
+
+
+def register_command(name: str, helptext: str, add_arguments, run) -> None:
+    """Add ``run.py NAME``: ``add_arguments(parser)`` declares its arguments, ``run(args)``
+    returns the exit code and may raise :class:`UsageError` (one line, exit 2) or
+    :class:`CommandFailed` (one line, exit 1)."""
+    _EXTRA[name] = (helptext, add_arguments, run)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -117,6 +130,11 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("run_dirs", nargs="+")
     pl.add_argument("--out", help="PNG path (default: RUN_DIR/returns.png)")
     pl.set_defaults(func=cmd_plot)
+
+    for name, (helptext, add_arguments, run) in _EXTRA.items():
+        e = sub.add_parser(name, help=helptext)
+        add_arguments(e)
+        e.set_defaults(func=run)
     return p
 
 
