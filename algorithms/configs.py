@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from typedconfig import ConfigError, build
 
@@ -123,8 +123,12 @@ TRANSFORMER_CONFIGS: dict[str, type] = {
 # ----- algorithms -------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class _Common(_Lists):
-    """Fields every algorithm has (``name`` first: each subclass narrows it)."""
+    """Fields every algorithm has (``name`` first: each subclass narrows it).
 
+    ``on_policy`` (a class fact, not a field): the algorithm trains on whole unrolls
+    (``trajectories``) rather than replay samples; the graph wires its nodes by it."""
+
+    on_policy: ClassVar[bool] = False
     name: str = _f("", "algorithm name")
     encoder: Encoder = _f("mlp", "observation encoder: mlp (flatten), nature_cnn, impala "
                                  "(residual) or minatar_cnn (one 3x3 conv); images are "
@@ -209,6 +213,7 @@ class SacConfig(_Common):
 class PpoConfig(_Common):
     """PPO with the clipped surrogate objective (``algorithms.ppo``)."""
 
+    on_policy: ClassVar[bool] = True
     name: Literal["ppo"] = _f("ppo", "algorithm name")
     actor_fc_layer_params: list[int] = _f([64, 64], "hidden sizes of the actor",
                                           range=_POSITIVE)
@@ -253,6 +258,7 @@ class PpoConfig(_Common):
 class A2cConfig(_Common):
     """Synchronous advantage actor-critic (``algorithms.actor_critic``)."""
 
+    on_policy: ClassVar[bool] = True
     name: Literal["a2c"] = _f("a2c", "algorithm name")
     actor_fc_layer_params: list[int] = _f([64, 64], "hidden sizes of the actor",
                                           range=_POSITIVE)
@@ -338,6 +344,7 @@ class Td3Config(DdpgConfig):
 class RandomConfig(_Lists):
     """Uniformly random actions (measuring the pipeline; no parameters to wait for)."""
 
+    on_policy: ClassVar[bool] = False
     name: Literal["random"] = _f("random", "algorithm name")
     seed: int = _f(0, "seed of the action sampler")
 

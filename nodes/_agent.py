@@ -12,11 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# Algorithms that train on whole unrolls (``trajectories``) rather than replay samples. Kept
-# here, torch-free, for the ports a graph is checked against; a test checks it against the
-# algorithm classes' ``on_policy``.
-ON_POLICY = frozenset({"ppo", "a2c"})
-
 
 def _parse_algorithm(value: Any, path: str):
     from algorithms import configs
@@ -49,8 +44,9 @@ class Agent(EnvSpec):
 
     @property
     def on_policy(self) -> bool:
-        """Trains on whole unrolls (``trajectories``), not on replay samples."""
-        return self.algorithm.name in ON_POLICY
+        """Trains on whole unrolls (``trajectories``), not on replay samples (the algorithm
+        config class says: torch-free, for the ports a graph is checked against)."""
+        return self.algorithm.on_policy
 
     @property
     def is_random(self) -> bool:

@@ -11,7 +11,6 @@ import sys
 import pytest
 
 import nodes  # noqa: F401 - registers the node kinds and their graph checks
-from nodes._agent import ON_POLICY
 from pipeline import graph as graphlib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,7 +95,7 @@ def test_every_rl_node_gets_the_one_agent():
     ``--set agent....`` reaches all of them (the one override path)."""
     graph = graphlib.load(DQN, ["agent.algorithm.learning_rate=0.01"])
     takers = [n for n, c in graph.configs.items() if hasattr(c, "agent")]
-    assert sorted(takers) == ["env_runner", "evaluator", "learner", "unroller"]
+    assert sorted(takers) == ["env_runner", "evaluator", "learner", "replay_store", "unroller"]
     assert len({id(graph.configs[n].agent) for n in takers}) == 1
     agent = graph.configs["learner"].agent
     assert (agent.env_id, agent.algorithm.learning_rate) == ("CartPole-v1", 0.01)
@@ -156,11 +155,13 @@ def test_run_py_check_prints_one_line_and_exits_2(tmp_path):
     assert result.stderr.count("\n") == 1 and "gamam" in result.stderr
 
 
-def test_on_policy_table_matches_the_algorithms():
+def test_on_policy_of_each_config_matches_its_algorithm():
     import algorithms.registry as registry
+    from algorithms import configs
 
-    for name in registry.algorithm_names():
-        assert (name in ON_POLICY) == registry.algorithm_class(name).on_policy, name
+    for name in [*registry.algorithm_names(), "random"]:
+        assert configs.config_class(name).on_policy == registry.algorithm_class(name).on_policy, \
+            name
 
 
 def test_seed_n_moves_every_seed_of_the_graph_by_n():
