@@ -21,7 +21,6 @@ algorithm may override it (PPO runs several epochs of mini-batches).
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,9 +40,9 @@ from algorithms.data import (
 )
 from algorithms.data_transformer import SequentialDataTransformer, from_configs
 from algorithms.losses import importance_weighted_mean
-from algorithms.optim import FusedAdam
-from algorithms.policy_pack import PolicyPack, is_packed
-from algorithms.precision import BFloat16Shadows
+from algorithms.optim import Optimizers
+from algorithms.policy_pack import PolicyPack
+from algorithms.precision import TrainingPrecision
 
 
 class RLAlgorithm(nn.Module):
@@ -52,7 +51,10 @@ class RLAlgorithm(nn.Module):
     Subclasses set ``on_policy``, ``_policy_modules`` (attribute names of the modules that
     ``predict_step``/``rollout_step`` need) and register their optimizers with
     ``_add_optimizer``; they implement ``predict_step``, ``rollout_step``, ``train_step`` and
-    ``calc_loss``.
+    ``calc_loss``. The base holds the parts every algorithm uses: its training precision
+    (:class:`~algorithms.precision.TrainingPrecision`), its optimizers
+    (:class:`~algorithms.optim.Optimizers`) and its policy for the wire
+    (:class:`~algorithms.policy_pack.PolicyPack`).
     """
 
     on_policy: bool = False
@@ -68,19 +70,14 @@ class RLAlgorithm(nn.Module):
         ``max_grad_norm``."""
         super().__init__()
         self.config = config
-        precision, image_layout = config.precision, config.image_layout
-        data_transformers = config.data_transformers
-        if precision not in TRAINING_PRECISIONS:
-            raise ValueError(f"precision: expected one of {', '.join(TRAINING_PRECISIONS)}, "
-                             f"got {precision!r}")
-        self.precision = precision
-        self._precision_checked = False
-        self._shadows: BFloat16Shadows | None = None  # made at the first bfloat16 update
+        image_layout, data_transformers = config.image_layout, config.data_transformers
         self.observation_space = observation_space
         self.action_space = action_space
         self.device = torch.device(device)
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        self.max_grad_norm = config.max_grad_norm
+        self._precision = TrainingPrecision(config.precision, self.device)
+        self._optimizers = Optimizers(config.max_grad_norm)
+        self._policy: PolicyPack | None = None  # made on first use
         # Keyword arguments every network of the algorithm takes.
         self.net_kwargs = {"encoder": config.encoder, "image_layout": image_layout}
         self.data_transformer: SequentialDataTransformer | None = None
@@ -110,25 +107,23 @@ class RLAlgorithm(nn.Module):
         # without a device-to-host copy (refreshed by load_state_dict).
         self._num_updates = 0
         self._env_steps = 0
-        self._optimizer_specs: dict[str, tuple[list, float, dict]] = {}
-        self._optimizers: dict | None = None  # name -> optimizer (a group of _fused, or Adam)
-        self._fused: FusedAdam | None = None
-        self._policy_pack: PolicyPack | None = None  # made on first use
 
     # ----- construction helpers -------------------------------------------------------------
     def _add_optimizer(self, name: str, params, lr: float, **kwargs) -> None:
         """Declare an Adam optimizer over ``params``; it is built on first use (see
         :attr:`optimizers`)."""
-        self._optimizer_specs[name] = (list(params), lr, kwargs)
-        self._optimizers, self._fused = None, None
+        self._optimizers.add(name, params, lr, **kwargs)
+
+    @property
+    def precision(self) -> str:
+        """The config's ``precision`` (see :meth:`training_precision`)."""
+        return self._precision.name
 
     @property
     def optimizers(self) -> dict:
-        """The optimizers, built when first needed: a process that only acts (the unroller,
-        the evaluator) never allocates their state."""
-        if self._optimizers is None:
-            self._optimizers, self._fused = _adam(self._optimizer_specs)
-        return self._optimizers
+        """``{name: optimizer}``, built when first needed: a process that only acts (the
+        unroller, the evaluator) never allocates their state."""
+        return self._optimizers.by_name
 
     @property
     def num_updates(self) -> int:
@@ -205,28 +200,10 @@ class RLAlgorithm(nn.Module):
         )
 
     def training_precision(self) -> contextlib.AbstractContextManager:
-        """The context an update's forward pass and loss run in.
-
-        ``float32``: nothing changes. ``bfloat16``: mixed precision: the hidden layers'
-        matrix products run in bfloat16, twice as fast as float32 on a CPU with AVX512-BF16
-        or AMX and on recent GPUs, which is most of an update of 256-unit networks;
-        parameters, gradients, optimizer state, the output layers (values, logits, action
-        means, see :func:`algorithms.networks.output_layer`) and the losses stay float32
-        (how: :mod:`algorithms.precision`; the gradients reach the float32 parameters in
-        :meth:`_apply_gradient`). Acting always runs in float32 (one observation: nothing to
-        gain)."""
-        dtype = TRAINING_PRECISIONS[self.precision]
-        if dtype is None:
-            return contextlib.nullcontext()
-        if not self._precision_checked:
-            self._precision_checked = True
-            if native_bfloat16(self.device) is False:
-                warnings.warn(f"precision: bfloat16 on {self.device.type} without native "
-                              "bfloat16 arithmetic (no AVX512-BF16 or AMX): updates will be "
-                              "slower than in float32", RuntimeWarning, stacklevel=2)
-        if self._shadows is None or self._shadows.stale():
-            self._shadows = BFloat16Shadows(self)
-        return self._shadows.active()
+        """The context an update's forward pass and loss run in
+        (:class:`~algorithms.precision.TrainingPrecision`; the bfloat16 copies' gradients
+        reach the float32 parameters in :meth:`_step_optimizers`)."""
+        return self._precision.context(self)
 
     # ----- the step interface ---------------------------------------------------------------
     def get_initial_state(self, batch_size: int) -> Any:
@@ -270,37 +247,14 @@ class RLAlgorithm(nn.Module):
 
     def _zero_gradients(self) -> None:
         """Before an update's backward passes."""
-        optimizers = self.optimizers.values()  # built at the first update, with _fused
-        if self._fused is not None:
-            self._fused.zero_grad(set_to_none=True)
-        else:
-            for opt in optimizers:
-                opt.zero_grad(set_to_none=True)
+        self._optimizers.zero_grad()
 
     def _step_optimizers(self, gradients: torch.Tensor | None = None) -> None:
         """After an update's backward passes: gradients to the float32 parameters, clipping,
-        one step of every optimizer, the update counters.
-
-        ``gradients``: every gradient of an algorithm with one optimizer, as the one flat
-        tensor their ``.grad`` are views of (:meth:`ReluMlp.gradients`): clipping is then
-        one norm and one rescaling over it, not one per parameter and a norm of their norms
-        (Adam's own ``grad_scale`` would do the rescaling, but its CPU kernel is ~30 µs
-        slower with it than the pass it saves)."""
-        if self._shadows is not None:
-            self._shadows.gradients_to_masters()
-        optimizers = self.optimizers.values()
-        if self.max_grad_norm:
-            if gradients is not None and len(optimizers) == 1:
-                _clip_flat_gradients(gradients, self.max_grad_norm)
-            else:
-                for opt in optimizers:
-                    _clip_grad_norm([p for g in opt.param_groups for p in g["params"]],
-                                    self.max_grad_norm)
-        if self._fused is not None:
-            self._fused.step()
-        else:
-            for opt in optimizers:
-                opt.step()
+        one step of every optimizer (``gradients``: see :meth:`Optimizers.step`), the update
+        counters."""
+        self._precision.gradients_to_masters()
+        self._optimizers.step(gradients)
         self.train_steps.add_(1)  # in place: ``+=`` also goes through Module.__setattr__, 3 µs
         self._num_updates += 1
 
@@ -359,34 +313,24 @@ class RLAlgorithm(nn.Module):
         """Flat ``{name: CPU tensor}`` of what ``predict_step``/``rollout_step`` need: the
         policy networks and the data transformers' statistics (``data_transformer.*``), so
         both travel together at one parameter version."""
-        out = {}
-        for name in self._policy_module_names():
-            for k, v in getattr(self, name).state_dict().items():
-                out[f"{name}.{k}"] = v.detach().to("cpu", copy=True)
-        return out
+        return self._policy_pack().state_dict()
 
     def policy_params(self) -> dict[str, Any]:
         """What ``predict_step``/``rollout_step`` need, as a learner publishes it: the tensors
         of :meth:`policy_state_dict`, packed into one flat copy per dtype
         (:mod:`algorithms.policy_pack`; far cheaper to take, send and load)."""
-        return self._packer().pack()
-
-    def _packer(self) -> PolicyPack:
-        if self._policy_pack is None:
-            self._policy_pack = PolicyPack({name: getattr(self, name)
-                                            for name in self._policy_module_names()})
-        return self._policy_pack
+        return self._policy_pack().pack()
 
     def load_policy_state_dict(self, d: dict[str, Any]) -> None:
         """Load what ``policy_state_dict`` or ``policy_params`` exported (tensors or numpy
         arrays)."""
-        if is_packed(d):
-            self._packer().unpack(d)
-            return
-        for name in self._policy_module_names():
-            prefix = f"{name}."
-            sub = {k[len(prefix):]: to_tensor(v) for k, v in d.items() if k.startswith(prefix)}
-            getattr(self, name).load_state_dict(sub)
+        self._policy_pack().load(d)
+
+    def _policy_pack(self) -> PolicyPack:
+        if self._policy is None:
+            self._policy = PolicyPack({name: getattr(self, name)
+                                       for name in self._policy_module_names()})
+        return self._policy
 
     def checkpoint_state(self) -> dict[str, Any]:
         """Full state: networks, target networks, alpha, counters and optimizers; plain nested
@@ -395,7 +339,7 @@ class RLAlgorithm(nn.Module):
             "module": {k: v.detach().cpu().clone() for k, v in self.state_dict().items()},
             # Optimizers never built (a process that only acts) have no state to keep.
             "optimizers": {k: _to_cpu(opt.state_dict())
-                           for k, opt in (self._optimizers or {}).items()},
+                           for k, opt in self._optimizers.built.items()},
         }
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
@@ -416,33 +360,6 @@ class RLAlgorithm(nn.Module):
         tb, sb = list(target.buffers()), list(source.buffers())
         if tb:
             torch._foreach_copy_(tb, sb)
-
-
-# ``precision`` values -> the autocast dtype of an update's forward pass (None: no autocast).
-TRAINING_PRECISIONS: dict[str, torch.dtype | None] = {
-    "float32": None, "bfloat16": torch.bfloat16}
-
-
-def native_bfloat16(device: torch.device) -> bool | None:
-    """Whether ``device`` computes in bfloat16 natively: a GPU that supports it, or a CPU with
-    AVX512-BF16 or AMX (Linux's CPU flags); None where that cannot be told."""
-    if device.type == "cuda":
-        return bool(torch.cuda.is_bf16_supported())
-    if device.type != "cpu":
-        return None
-    flags = _cpu_flags()
-    return None if flags is None else bool(flags & {"avx512_bf16", "amx_bf16"})
-
-
-def _cpu_flags() -> set[str] | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return None
 
 
 def _empty(x) -> bool:
@@ -473,63 +390,3 @@ def _scalars(extra) -> dict[str, float]:
     if means:
         out.update(zip(keys, torch.stack(means).tolist(), strict=True))
     return out
-
-
-def _clip_coefficient(total_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """What ``nn.utils.clip_grad_norm_`` multiplies the gradients by."""
-    return (max_norm / (total_norm + 1e-6)).clamp_(max=1.0)
-
-
-def _clip_flat_gradients(gradients: torch.Tensor, max_norm: float) -> None:
-    """:func:`_clip_grad_norm` of gradients that are views of the one tensor ``gradients``."""
-    gradients.mul_(_clip_coefficient(torch.linalg.vector_norm(gradients), max_norm))
-
-
-def _clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> None:
-    """``nn.utils.clip_grad_norm_`` (same arithmetic) in three foreach calls, without its
-    wrappers and without a host sync."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return
-    if len({(g.device, g.dtype) for g in grads}) > 1:
-        nn.utils.clip_grad_norm_(params, max_norm)
-        return
-    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    torch._foreach_mul_(grads, _clip_coefficient(total, max_norm))
-
-
-class _Group:
-    """One named optimizer that is a parameter group of a shared :class:`FusedAdam`: keeps
-    the per-optimizer interface (``param_groups``, ``state_dict``, ``load_state_dict``) and
-    checkpoint layout."""
-
-    def __init__(self, optimizer: FusedAdam, index: int):
-        self._opt, self._index = optimizer, index
-
-    @property
-    def param_groups(self) -> list[dict]:
-        return [self._opt.param_groups[self._index]]
-
-    def state_dict(self) -> dict[str, Any]:
-        return self._opt.state_dict(group=self._index)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._opt.load_state_dict(state_dict, group=self._index)
-
-
-def _adam(specs: dict[str, tuple[list, float, dict]]):
-    """``({name: optimizer}, shared FusedAdam or None)`` for the declared optimizers.
-
-    Adam on torch's fused kernel where it has one for the parameters' device (CPU and CUDA):
-    measured 10-25% faster per update than the default per-tensor loop on the small networks
-    here. :class:`algorithms.optim.FusedAdam` calls that kernel without ``torch.optim``, whose
-    import of ``torch._dynamo`` delayed a learner's first update by 1.1-1.7 s. All optimizers
-    are groups of one FusedAdam, so an update is one ``step`` (one kernel per bucket of equal
-    hyperparameters). Other devices get one ``torch.optim.Adam`` per optimizer."""
-    from algorithms.optim import FUSED_DEVICES
-
-    params = [p for ps, _, _ in specs.values() for p in ps]
-    if all(p.device.type in FUSED_DEVICES and p.is_floating_point() for p in params):
-        fused = FusedAdam([{"params": ps, "lr": lr, **kw} for ps, lr, kw in specs.values()])
-        return {name: _Group(fused, i) for i, name in enumerate(specs)}, fused
-    return {name: torch.optim.Adam(ps, lr=lr, **kw) for name, (ps, lr, kw) in specs.items()}, None

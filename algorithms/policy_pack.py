@@ -27,8 +27,9 @@ LAYOUT_KEY = "layout"
 
 
 class PolicyPack:
-    """Packs and unpacks the tensors ``state_dict`` would hold of ``modules`` (prefix ->
-    module; the prefix is the attribute name, as in ``policy_state_dict``)."""
+    """An algorithm's policy: what ``predict_step``/``rollout_step`` need (``modules``: prefix
+    -> module; the prefix is the attribute name), exported as a state dict or packed, and
+    loaded from either."""
 
     def __init__(self, modules: dict[str, nn.Module]):
         self.modules = modules
@@ -54,6 +55,22 @@ class PolicyPack:
         self._entries = entries
         self._groups = [(dtype, ts, [t.numel() for t in ts]) for dtype, ts in groups.items()]
         self.fingerprint = zlib.crc32(";".join(layout).encode())
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Flat ``{prefix.name: CPU tensor}`` of the modules' state, each a copy."""
+        return {f"{prefix}.{k}": v.detach().to("cpu", copy=True)
+                for prefix, module in self.modules.items()
+                for k, v in module.state_dict().items()}
+
+    def load(self, params: dict) -> None:
+        """Load what :meth:`state_dict` (tensors or numpy arrays) or :meth:`pack` made."""
+        if is_packed(params):
+            self.unpack(params)
+            return
+        for prefix, module in self.modules.items():
+            head = f"{prefix}."
+            module.load_state_dict({k[len(head):]: to_tensor(v) for k, v in params.items()
+                                    if k.startswith(head)})
 
     @torch.no_grad()
     def pack(self) -> dict:

@@ -1,9 +1,9 @@
-"""bfloat16 updates: the hidden layers compute with bfloat16 copies of their parameters.
+"""An algorithm's training precision (:class:`TrainingPrecision`); bfloat16 updates: the
+hidden layers compute with bfloat16 copies of their parameters.
 
 ``precision: bfloat16`` runs the hidden layers' products of an update in bfloat16 (twice the
 float32 rate on a CPU with AVX512-BF16 or AMX and on recent GPUs); parameters, gradients,
-optimizer state, output layers and losses stay float32 (see
-:meth:`algorithms.base.RLAlgorithm.training_precision`).
+optimizer state, output layers and losses stay float32.
 
 How: before an update's forward pass, :class:`BFloat16Shadows` refreshes a bfloat16 copy of
 every hidden-layer parameter from its float32 master in one call and puts the copies in the
@@ -22,11 +22,77 @@ casts and that step came to about 1 ms of ~7.5 ms.
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
 from torch import nn
 
 HIDDEN_LAYERS = (nn.Linear, nn.Conv2d)
+
+# ``precision`` values -> the dtype of an update's hidden-layer products (None: as they are).
+TRAINING_PRECISIONS: dict[str, torch.dtype | None] = {
+    "float32": None, "bfloat16": torch.bfloat16}
+
+
+class TrainingPrecision:
+    """The precision an algorithm's updates run in (its config's ``precision``).
+
+    ``float32``: nothing changes. ``bfloat16``: mixed precision: the hidden layers' matrix
+    products run in bfloat16, twice as fast as float32 on a CPU with AVX512-BF16 or AMX and on
+    recent GPUs, which is most of an update of 256-unit networks; parameters, gradients,
+    optimizer state, the output layers (values, logits, action means, see
+    :func:`algorithms.networks.output_layer`) and the losses stay float32 (how: the module
+    docstring). Acting always runs in float32 (one observation: nothing to gain)."""
+
+    def __init__(self, name: str, device: torch.device):
+        if name not in TRAINING_PRECISIONS:
+            raise ValueError(f"precision: expected one of {', '.join(TRAINING_PRECISIONS)}, "
+                             f"got {name!r}")
+        self.name, self.device = name, device
+        self._checked = False
+        self._shadows: BFloat16Shadows | None = None  # made at the first bfloat16 update
+
+    def context(self, module: nn.Module) -> contextlib.AbstractContextManager:
+        """The context an update of ``module`` runs its forward pass and loss in."""
+        if TRAINING_PRECISIONS[self.name] is None:
+            return contextlib.nullcontext()
+        if not self._checked:
+            self._checked = True
+            if native_bfloat16(self.device) is False:
+                warnings.warn(f"precision: bfloat16 on {self.device.type} without native "
+                              "bfloat16 arithmetic (no AVX512-BF16 or AMX): updates will be "
+                              "slower than in float32", RuntimeWarning, stacklevel=3)
+        if self._shadows is None or self._shadows.stale():
+            self._shadows = BFloat16Shadows(module)
+        return self._shadows.active()
+
+    def gradients_to_masters(self) -> None:
+        """After an update's backward passes: the bfloat16 copies' gradients to the float32
+        parameters (nothing in float32)."""
+        if self._shadows is not None:
+            self._shadows.gradients_to_masters()
+
+
+def native_bfloat16(device: torch.device) -> bool | None:
+    """Whether ``device`` computes in bfloat16 natively: a GPU that supports it, or a CPU with
+    AVX512-BF16 or AMX (Linux's CPU flags); None where that cannot be told."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    if device.type != "cpu":
+        return None
+    flags = _cpu_flags()
+    return None if flags is None else bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def _cpu_flags() -> set[str] | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
 
 
 def hidden_parameters(module: nn.Module) -> list[tuple[nn.Module, str]]:

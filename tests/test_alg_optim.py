@@ -129,7 +129,7 @@ def test_groups_step_like_separate_optimizers_and_keep_their_state_layout():
 
 
 def test_clip_grad_norm_matches_torch():
-    from algorithms.base import _clip_grad_norm
+    from algorithms.optim import _clip_grad_norm
 
     a, b = _model(0), _model(0)
     for m in (a, b):

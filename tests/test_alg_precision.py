@@ -109,9 +109,9 @@ def test_unknown_precision_is_refused_by_the_algorithm():
 
 
 def test_bfloat16_without_native_support_warns_once(monkeypatch):
-    import algorithms.base as base
+    from algorithms import precision
 
-    monkeypatch.setattr(base, "_cpu_flags", lambda: {"avx2", "fma"})
+    monkeypatch.setattr(precision, "_cpu_flags", lambda: {"avx2", "fma"})
     alg = _make("sac", "bfloat16")
     batch = _batch(5, CASES["sac"][1])
     with pytest.warns(RuntimeWarning, match="slower than in float32"):
@@ -122,14 +122,14 @@ def test_bfloat16_without_native_support_warns_once(monkeypatch):
 
 
 def test_bfloat16_with_native_support_does_not_warn(monkeypatch):
-    import algorithms.base as base
+    from algorithms import precision
 
-    monkeypatch.setattr(base, "_cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    monkeypatch.setattr(precision, "_cpu_flags", lambda: {"avx512f", "avx512_bf16"})
     alg = _make("sac", "bfloat16")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         alg.train_on(_batch(5, CASES["sac"][1]))
-    assert base.native_bfloat16(torch.device("cpu")) is True
+    assert precision.native_bfloat16(torch.device("cpu")) is True
 
 
 
