@@ -78,7 +78,7 @@ class SampleBatch(Message):
     importance_weights: Any
     env_steps: int
     # A shard of several: [total, count, smallest leaf, beta, credit] of its sampling
-    # distribution and rate limiter (nodes._replay_shard.sample_mass); None from a store that
+    # distribution and rate limiter (nodes.replay_store.shard.sample_mass); None from a store that
     # holds everything.
     mass: list | None = None
 

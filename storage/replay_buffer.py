@@ -275,6 +275,18 @@ class ReplayBuffer(RingBuffer):
             control.on_sample(self, slots, learner_iter)
         return data, info
 
+    def sampling_mass(self) -> tuple[float, int, float, float | None]:
+        """``(total, count, smallest, beta)`` of the sampling distribution as it stands (for
+        the batch length last sampled): the sum of the sampling weights, how many slots have
+        one, the smallest non-zero one (1.0 without a min tree) and the IS exponent (None
+        when the weights do not use one). What a shard tells the learner to merge draws."""
+        sampler = self.sampler
+        min_tree = getattr(sampler, "min_tree", None)
+        smallest = float(min_tree.total()) if min_tree is not None else 1.0
+        beta = getattr(sampler, "beta", None)
+        return (float(sampler.sum_tree.total()), int(sampler.sum_tree.nnz), smallest,
+                None if beta is None else float(beta))
+
     def update_priority(self, env_ids, positions, priorities) -> torch.Tensor:
         """Set priorities of sampled steps; returns which updates were applied.
 

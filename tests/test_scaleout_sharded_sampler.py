@@ -15,7 +15,7 @@ import torch
 import zmq
 import zmq.asyncio
 
-from nodes._replay_shard import sample_mass
+from nodes.replay_store.shard import sample_mass
 from nodes._sharded_sample import ShardedSampler
 from nodes.messages import SampleBatch, SampleRequest
 from pipeline.bus import Bus

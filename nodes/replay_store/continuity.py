@@ -48,26 +48,24 @@ def lost_at_restart(ledger, inserted: int) -> int:
     return max(0, ledger.items - inserted) if ledger is not None else 0
 
 
-def _handover_path(node) -> str:
-    return os.path.join(node.info.run_dir, "state", f"{node.info.instance}.handover.pt")
+def handover_path(run_dir: str, instance: str) -> str:
+    """Where a replaced in-memory store leaves its state for its replacement."""
+    return os.path.join(run_dir, "state", f"{instance}.handover.pt")
 
 
-def leave_handover(store, node) -> None:
+def leave_handover(path: str, state: dict) -> None:
     """An in-memory store stopped for a replacement writes its whole state for it
     (:func:`~nodes._common.save_atomically`: the replacement finds all of it or none)."""
-    path = _handover_path(node)
-    save_atomically(path, store.state())
-    log.info("left %d steps for the replacement in %s", store.limiter.inserted, path)
+    save_atomically(path, state)
+    log.info("left the replay state for the replacement in %s", path)
 
 
-def take_handover(store, node) -> bool:
-    """Restore what a replaced predecessor left (newer than any checkpoint); False if none."""
-    if not node.info.run_dir:
-        return False
-    path = _handover_path(node)
+def take_handover(path: str) -> dict | None:
+    """What a replaced predecessor left (newer than any checkpoint), taken: a later restart
+    comes back from a checkpoint again. None if it left nothing."""
     if not os.path.exists(path):
-        return False
-    store.restore(torch.load(path, weights_only=True))
-    os.remove(path)  # taken: a later restart comes back from a checkpoint again
-    log.info("took over %d steps from the replaced store", store.limiter.inserted)
-    return True
+        return None
+    state = torch.load(path, weights_only=True)
+    os.remove(path)
+    log.info("took over the replay state the replaced store left in %s", path)
+    return state

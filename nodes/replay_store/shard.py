@@ -67,12 +67,7 @@ class ShardEnvs:
 
 def sample_mass(buffer, credit: float = 0.0) -> list:
     """``[total, count, smallest leaf, beta, credit]`` of the buffer's sampling distribution
-    right after a draw (for the batch length just sampled); beta is -1 when weights do not use
+    right after a draw (``ReplayBuffer.sampling_mass``); beta is -1 when weights do not use
     it; ``credit`` is the shard's own rate-limiter balance (samples it may still give)."""
-    sampler = buffer.sampler
-    tree = sampler.sum_tree
-    min_tree = getattr(sampler, "min_tree", None)
-    smallest = float(min_tree.total()) if min_tree is not None else 1.0
-    beta = getattr(sampler, "beta", None)
-    return [float(tree.total()), int(tree.nnz), smallest,
-            -1.0 if beta is None else float(beta), float(credit)]
+    total, count, smallest, beta = buffer.sampling_mass()
+    return [total, count, smallest, -1.0 if beta is None else beta, float(credit)]

@@ -1,32 +1,8 @@
-"""replay_store: owns the ALF-compatible ReplayBuffer and serves samples from it.
-
-Ingests ``experience`` (reliable), answers ``sample`` requests, applies ``priorities``, and
-rate-limits sampling against insertion like Reverb's rate limiter: with ``samples_per_insert``
-set, ``inserted * spi - sampled`` must stay within ``[-spi_tolerance, +spi_tolerance]`` items;
-a sample request that would go below waits for inserts, and ingestion pauses (backpressure on
-the unroller, nothing dropped) when it would go above. Nothing is sampled before
-``min_size_to_sample`` steps are stored. A sample request of size 0 means the learner left:
-inserts are no longer held back (so producers can drain at the end of a run).
-
-Replay controls from the config reach the buffer as its components (``storage``): ``max_use``
-and ``max_staleness`` (in learner parameter versions: experience carries the version of the
-policy that produced it, a sample request the learner's newest version), sampled-attribute
-statistics and the throughput monitor (published as ``replay/...`` metrics), ERE or a fixed
-``sample_range``, ``num_earliest_frames_ignored``, n-step returns and episodic information
-added to each sample (``nstep.*``, ``episode.*`` fields, ``[B]``, of each sequence's first
-step), prioritized replay whose IS exponent is annealed from ``beta_start`` to 1.0, and
-frames stored once (``frame_stack``: stacks of the last k frames rebuilt per sample). A
-sample request that finds nothing to sample (everything evicted or stale) waits for inserts,
-and inserts are not held back meanwhile.
-
-All of this runs on one event loop, so the buffer needs no lock; a checkpoint gets a copy of
-the buffer's state (``state_dict`` clones), so ingest and sampling go on while the checkpointer
-writes it.
-"""
+"""The replay store's state and handlers: ``ReplayStore`` owns the buffer, the rate limiter and
+the exactly-once bookkeeping; :mod:`nodes.replay_store` runs its tasks."""
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import json
 import logging
@@ -39,28 +15,15 @@ from nodes._common import (
     FirstBatchCheck,
     experience_schema,
     resolve_device,
-    restore_from_checkpoint,
-    start_state_server,
 )
-from nodes._rate_limiter import RateLimiter
-from nodes._replay_config import Config, buffer_controls
-from nodes._replay_continuity import (
-    applied_in_files,
-    leave_handover,
-    lost_at_restart,
-    take_handover,
-)
-from nodes._replay_shard import ShardEnvs, sample_mass
 from nodes.messages import (
     ExperienceBatch,
-    Metrics,
-    Priorities,
     SampleBatch,
-    SampleRequest,
-    StateReply,
-    StateRequest,
 )
-from pipeline.ports import Port, Ports, Service
+from nodes.replay_store.config import Config, buffer_controls
+from nodes.replay_store.continuity import applied_in_files
+from nodes.replay_store.rate_limiter import RateLimiter
+from nodes.replay_store.shard import ShardEnvs, sample_mass
 from storage import (
     ERE,
     PER,
@@ -412,109 +375,3 @@ class ReplayStore:
         self.applied = dict(state.get("applied") or {})
         if self.shard_envs is not None:
             self.shard_envs.restore(state.get("shard_envs"))
-
-
-def exclusive(config: Config) -> bool:
-    """Its replacement takes over what it holds: a memory-mapped store's files (one writer at a
-    time, ``storage.allocator``), or an in-memory store's contents, left in a file when it is
-    stopped for a replacement. So a swap or restart stops it first (``pipeline.kinds``)."""
-    return True
-
-
-# What the graph entry may list (pipeline.ports): checked at load.
-PORTS = Ports(subscribes={"experience": Port(ExperienceBatch),
-                          "priorities": Port(Priorities, required=False)},
-              serves={"sample": Service(SampleRequest, SampleBatch),
-                      "replay_state": Service(StateRequest, StateReply, required=False)},
-              publishes={"metrics": Port(Metrics, required=False)})
-
-
-async def run(config: Config, node, ready) -> dict:
-    bus = node.bus
-    torch.set_num_threads(1)
-    store = ReplayStore(config, node)
-    store.ledger = node.ledger("experience", "stored")
-    if store.reattach():
-        log.info("replay re-attached to %s: %d steps inserted", store.storage_dir,
-                 store.limiter.inserted)
-    elif not take_handover(store, node):
-        restore_from_checkpoint(store, store.component, node.info.resume)
-    lost = lost_at_restart(store.ledger, store.limiter.inserted)
-    if lost:
-        node.status["lost_at_restart"] = lost
-    node.status["inserted"] = store.limiter.inserted  # what it came back with
-    experience = bus.subscriber("experience")
-    priorities = bus.subscriber("priorities") if bus.subscribes("priorities") else None
-    sampler = bus.server("sample")
-    metrics = bus.publisher("metrics") if bus.publishes("metrics") else None
-    ready()
-
-    async def ingest():
-        while True:
-            # Backpressure: the learner must catch up. When the run stops, drain regardless,
-            # so the unroller's last experience is stored, not lost.
-            while not (store.limiter.can_insert(config.num_environments)
-                       or node.stopping.is_set()):
-                store.limiter.changed.clear()
-                await store.limiter.changed.wait()
-            # One wire message whole: a coalesced batch is stored together (the rate limiter
-            # may be passed by the rest of it, at most COALESCE_MAX messages).
-            envelopes = await experience.recv_message()
-            if not envelopes:
-                return
-            first = envelopes[0]
-            store.ingest(first.sender, first.seq, [e.message for e in envelopes])
-            node.status["inserted"] = store.limiter.inserted
-            if store.redelivered:
-                node.status["redelivered"] = store.redelivered
-            if "buffer" not in node.status:
-                node.status["buffer"] = store.describe()
-            await store.serve_pending()
-
-    async def serve_samples():
-        async for request in sampler:
-            await store.on_sample_request(request)
-            node.status["sampled"] = store.limiter.sampled
-
-    async def apply_priorities():
-        async for envelope in priorities:
-            store.update_priorities(envelope.message)
-
-    async def report():
-        while True:
-            await asyncio.sleep(config.metrics_interval_s)  # a reporting period
-            node.status["buffer"] = store.describe()
-            await metrics.send(Metrics(node.info.instance, store.limiter.inserted,
-                                       store.metrics()))
-
-    async def wake_on_stop():
-        await node.stopping.wait()
-        store.limiter.changed.set()
-
-    helpers = [asyncio.ensure_future(serve_samples()), asyncio.ensure_future(wake_on_stop())]
-    if priorities is not None:
-        helpers.append(asyncio.ensure_future(apply_priorities()))
-    state_task = start_state_server(bus, "replay_state", store.component, store)
-    if state_task is not None:
-        helpers.append(state_task)
-    if metrics is not None:
-        helpers.append(asyncio.ensure_future(report()))
-    main = asyncio.ensure_future(ingest())
-    try:
-        # Ends when the input is drained after a stop; any helper's error ends it too (a
-        # priority task that died unseen once left the learner blocked on a full topic).
-        waiting = {main, *helpers}
-        while main in waiting:
-            done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                task.result()
-        if node.replaced and store.storage_dir is None and store.buffer is not None \
-                and node.info.run_dir:
-            leave_handover(store, node)
-    finally:
-        for task in [main, *helpers]:
-            task.cancel()
-        if store.buffer is not None:
-            store.buffer.close()  # flush a memory-mapped buffer and release its directory
-    return {"inserted": store.limiter.inserted, "sampled": store.limiter.sampled,
-            "priority_updates": store.priority_updates, "buffer": store.describe()}
