@@ -15,9 +15,9 @@ import torch
 import zmq
 import zmq.asyncio
 
-from nodes.replay_store.shard import sample_mass
 from nodes._sharded_sample import ShardedSampler
 from nodes.messages import SampleBatch, SampleRequest
+from nodes.replay_store.shard import sample_mass
 from pipeline.bus import Bus
 from pipeline.sockets import SocketFactory
 from storage import PER, ReplayBuffer, TensorSpec
