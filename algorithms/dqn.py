@@ -37,7 +37,14 @@ from algorithms.networks import QNetwork
 
 
 class DqnAlgorithm(RLAlgorithm):
-    """DQN for a ``Discrete`` action space; hyperparameters: see :class:`DqnConfig`."""
+    """DQN for a ``Discrete`` action space; hyperparameters: see :class:`DqnConfig`.
+
+    Three update paths, each kept for a measured reason: the general window path (any
+    ``n_step``, through :class:`TDLoss`); the one-step path (``T = 2``, the same values and
+    gradients in ~25 fewer tensor operations); and, for ReLU MLPs, the one-step update without
+    autograd (:mod:`algorithms.mlp_backprop`): 0.879 ms against 1.024 ms through autograd per
+    CartPole update (``bench/updates.py --threads 1``, 2026-11-27, 7bc68b3, 2-core CPU), on
+    CUDA 1.735 against 2.658 ms (H100). Tests hold all three to the same numbers."""
 
     on_policy = False
     _policy_modules = ("q_network",)
