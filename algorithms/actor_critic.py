@@ -27,7 +27,6 @@ from algorithms.networks import (
 class ActorCriticAlgorithm(RLAlgorithm):
     """A2C for discrete or continuous actions; hyperparameters: see :class:`A2cConfig`."""
 
-    on_policy = True
     _policy_modules = ("encoding_network", "actor_network")
 
     def __init__(self, observation_space, action_space, config: A2cConfig, device="cpu"):

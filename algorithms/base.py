@@ -48,7 +48,7 @@ from algorithms.precision import TrainingPrecision
 class RLAlgorithm(nn.Module):
     """Base of every algorithm here (the only level of inheritance).
 
-    Subclasses set ``on_policy``, ``_policy_modules`` (attribute names of the modules that
+    Subclasses set ``_policy_modules`` (attribute names of the modules that
     ``predict_step``/``rollout_step`` need) and register their optimizers with
     ``_add_optimizer``; they implement ``predict_step``, ``rollout_step``, ``train_step`` and
     ``calc_loss``. The base holds the parts every algorithm uses: its training precision
@@ -57,8 +57,13 @@ class RLAlgorithm(nn.Module):
     (:class:`~algorithms.policy_pack.PolicyPack`).
     """
 
-    on_policy: bool = False
     _policy_modules: tuple[str, ...] = ()
+
+    @property
+    def on_policy(self) -> bool:
+        """Trains on whole ``[T, B]`` unrolls rather than replay samples: a fact of its config
+        class, which the graph wires its nodes by before any algorithm is built."""
+        return self.config.on_policy
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, config,
                  device: str | torch.device = "cpu"):

@@ -28,7 +28,6 @@ class DdpgAlgorithm(RLAlgorithm):
     """DDPG / TD3 for a bounded ``Box`` action space; hyperparameters: see :class:`DdpgConfig`
     (TD3: :class:`Td3Config`)."""
 
-    on_policy = False
     _policy_modules = ("actor_network",)
 
     def __init__(self, observation_space, action_space, config: DdpgConfig, device="cpu"):

@@ -46,7 +46,6 @@ class DqnAlgorithm(RLAlgorithm):
     CartPole update (``bench/updates.py --threads 1``, 2026-11-27, 7bc68b3, 2-core CPU), on
     CUDA 1.735 against 2.658 ms (H100). Tests hold all three to the same numbers."""
 
-    on_policy = False
     _policy_modules = ("q_network",)
 
     def __init__(self, observation_space, action_space, config: DqnConfig, device="cpu"):

@@ -89,7 +89,6 @@ class PPOAlgorithm(RLAlgorithm):
     """PPO for discrete or continuous actions; hyperparameters: see :class:`PpoConfig` (the
     options are described in the module doc)."""
 
-    on_policy = True
     _policy_modules = ("encoding_network", "actor_network", "value_network")
 
     def __init__(self, observation_space, action_space, config: PpoConfig, device="cpu"):

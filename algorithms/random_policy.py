@@ -14,7 +14,9 @@ class RandomPolicy:
     """The algorithm interface's acting half, with nothing to learn; options: see
     :class:`RandomConfig`."""
 
-    on_policy = False
+    @property
+    def on_policy(self) -> bool:
+        return self.config.on_policy
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space,
                  config: RandomConfig, device="cpu"):

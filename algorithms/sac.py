@@ -43,7 +43,6 @@ class SacAlgorithm(RLAlgorithm):
     """SAC / discrete SAC; hyperparameters: see :class:`SacConfig` (``parallel_update``: see
     :meth:`_update`)."""
 
-    on_policy = False
     _policy_modules = ("actor_network",)
 
     def __init__(self, observation_space, action_space, config: SacConfig, device="cpu"):

@@ -155,13 +155,15 @@ def test_run_py_check_prints_one_line_and_exits_2(tmp_path):
     assert result.stderr.count("\n") == 1 and "gamam" in result.stderr
 
 
-def test_on_policy_of_each_config_matches_its_algorithm():
-    import algorithms.registry as registry
+def test_on_policy_is_read_from_the_config_class():
+    """The graph wires an algorithm's nodes by its config class, torch-free; the algorithm
+    reports the same, declared nowhere else."""
     from algorithms import configs
 
-    for name in [*registry.algorithm_names(), "random"]:
-        assert configs.config_class(name).on_policy == registry.algorithm_class(name).on_policy, \
-            name
+    assert [n for n in sorted(configs.CONFIGS) if configs.config_class(n).on_policy] == \
+        ["a2c", "ppo"]
+    assert graphlib.load(PPO).configs["learner"].agent.on_policy
+    assert not graphlib.load(DQN).configs["learner"].agent.on_policy
 
 
 def test_seed_n_moves_every_seed_of_the_graph_by_n():
