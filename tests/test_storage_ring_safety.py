@@ -43,6 +43,15 @@ def _kill_self(*_args, **_kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _writers():
+    """Where the writer processes come from: forks of a fork server started clean, never of
+    the test process itself, which earlier tests may have left with threads (a Ray cluster's
+    gRPC threads made a fork of it die of SIGSEGV instead of the SIGKILL it sent itself)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])  # the fork server imports torch once, not each child
+    return ctx
+
+
 def _writer(directory: str, steps: int, kill_at: str, backend: str) -> None:
     rb = ReplayBuffer(
         SPEC, NUM_ENVS, LENGTH, storage_dir=directory, backend=backend, keep_episodic_info=True
@@ -66,8 +75,7 @@ def _writer(directory: str, steps: int, kill_at: str, backend: str) -> None:
 @pytest.mark.parametrize("steps", [5, 11])  # before and after the rings wrap
 def test_kill_mid_append_never_exposes_a_stale_slot(tmp_path, backend, kill_at, steps):
     directory = str(tmp_path / "replay")
-    ctx = multiprocessing.get_context("fork")
-    child = ctx.Process(target=_writer, args=(directory, steps, kill_at, backend))
+    child = _writers().Process(target=_writer, args=(directory, steps, kill_at, backend))
     child.start()
     child.join(60)
     assert child.exitcode == -signal.SIGKILL
@@ -122,8 +130,7 @@ def test_second_writer_on_a_directory_is_refused_until_the_first_is_gone(tmp_pat
 
 def test_a_killed_writer_releases_its_directory(tmp_path):
     directory = str(tmp_path / "replay")
-    ctx = multiprocessing.get_context("fork")
-    child = ctx.Process(target=_writer, args=(directory, 3, "before-commit", "fused"))
+    child = _writers().Process(target=_writer, args=(directory, 3, "before-commit", "fused"))
     child.start()
     child.join(60)
     assert child.exitcode == -signal.SIGKILL
@@ -159,7 +166,7 @@ def test_kill_after_commit_leaves_the_new_step_sampleable_with_the_initial_prior
     tmp_path, backend
 ):
     directory = str(tmp_path / "replay")
-    child = multiprocessing.get_context("fork").Process(target=_evicting_writer, args=(directory,))
+    child = _writers().Process(target=_evicting_writer, args=(directory,))
     child.start()
     child.join(60)
     assert child.exitcode == -signal.SIGKILL
