@@ -7,6 +7,11 @@ at or past each multiple of it, or also at 0 with ``eval_at_start``) it runs
 result, so a benchmark can take evaluation off a training clock). With ``stop_at_return`` set
 it finishes once an evaluation reaches it, which ends a graph that lists it in
 ``run.stop_when``.
+
+It keeps the policy it evaluated (:func:`keep_policy`): each evaluation that beats the best so
+far writes the parameters it evaluated to ``RUN_DIR/best/``, and the evaluation that reaches
+``stop_at_return`` writes them to ``RUN_DIR/reached/`` as well (``conduit.load_policy``
+reads either back). A restarted evaluator takes the best so far from ``best/``.
 Evaluation runs in a worker thread so the node keeps answering heartbeats meanwhile. The node
 says ready before it builds its algorithm (and imports torch): that happens at the first
 evaluation, so the evaluator takes no CPU from the nodes that start training.
@@ -15,7 +20,10 @@ evaluation, so the evaluator takes no CPU from the nodes that start training.
 from __future__ import annotations
 
 import asyncio
+import datetime
+import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -66,6 +74,40 @@ def _evaluate(alg, config: Config):
                     config.epsilon)
 
 
+# Where an evaluator keeps a policy: RUN_DIR/<BEST or REACHED>/POLICY_FILE (the parameters and
+# their record, for torch.load(weights_only=True)) and INFO_FILE (the record alone, for people
+# and for tools that do not import torch).
+BEST, REACHED = "best", "reached"
+POLICY_FILE, INFO_FILE = "policy.pt", "policy.json"
+
+
+def keep_policy(directory: str, policy: dict, info: dict) -> None:
+    """Write ``policy`` (``policy_state_dict()``: the networks and data transformers that
+    acted) with ``info`` (its evaluation) into ``directory``, each file atomically (temporary
+    file, fsync, rename), the parameters first: ``POLICY_FILE`` holds both, so whoever reads it
+    gets parameters and record of one evaluation whenever this process dies; ``INFO_FILE``
+    repeats the record."""
+    from nodes._common import save_atomically  # imports torch, as the caller already has
+
+    save_atomically(os.path.join(directory, POLICY_FILE), {"policy": policy, "info": info})
+    path = os.path.join(directory, INFO_FILE)
+    with open(path + ".tmp", "w") as f:
+        json.dump(info, f, indent=1)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+
+
+def kept_info(directory: str) -> dict | None:
+    """The record of the policy kept in ``directory``, or None if there is none (yet)."""
+    try:
+        with open(os.path.join(directory, INFO_FILE)) as f:
+            return json.load(f)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
 def next_evaluation(env_steps: int, interval: int) -> int:
     """The env steps of the evaluation after one of parameters stamped ``env_steps``: the
     next multiple of ``interval``, as a trainer that evaluates every ``interval`` env steps
@@ -84,7 +126,12 @@ async def run(config: Config, node, ready) -> dict:
     metrics = bus.publisher("metrics")
     ready()
     next_eval = 0 if config.eval_at_start else config.eval_interval
-    best = -np.inf
+    run_dir = node.info.run_dir
+    best_dir = os.path.join(run_dir, BEST) if run_dir else None
+    kept = kept_info(best_dir) if best_dir else None  # a restarted evaluator's best so far
+    best = kept["mean_return"] if kept else -np.inf
+    if kept:
+        node.status.update(_best(best, best_dir))
     evaluations = 0
     while not node.stopping.is_set():
         envelope = await node.wait_or_stop(params.recv())
@@ -104,16 +151,51 @@ async def run(config: Config, node, ready) -> dict:
         probes.record(alg, msg.version)
         mean_return, mean_length = await asyncio.to_thread(
             _evaluate, alg, config)
+        seconds = time.monotonic() - started
         evaluations += 1
-        best = max(best, mean_return)
         next_eval = next_evaluation(msg.env_steps, config.eval_interval)
         node.status.update(env_steps=msg.env_steps, eval_return=round(mean_return, 1))
+        reached = config.stop_at_return is not None and mean_return >= config.stop_at_return
+        keep = ([BEST] if mean_return > best else []) + ([REACHED] if reached else [])
+        # Kept before the result is published: whoever sees an eval/return finds its
+        # policy on disk (a run that stops at stop_at_return included).
+        if run_dir and keep:
+            info = _record(config, msg, mean_return, mean_length, reached)
+            policy = alg.policy_state_dict()  # a copy, before the next parameters load
+            for name in keep:
+                await asyncio.to_thread(keep_policy, os.path.join(run_dir, name), policy, info)
+        if mean_return > best:
+            best = mean_return
+            node.status.update(_best(best, best_dir))
         log.info("env_steps %d version %d: eval return %.1f", msg.env_steps, msg.version,
                  mean_return)
         await metrics.send(Metrics(node.info.instance, msg.env_steps, {
             "eval/return": mean_return, "eval/length": mean_length,
-            "eval/version": msg.version, "eval/seconds": time.monotonic() - started}))
-        if config.stop_at_return is not None and mean_return >= config.stop_at_return:
+            "eval/version": msg.version, "eval/seconds": seconds}))
+        if reached:
             return {"reached": mean_return, "env_steps": msg.env_steps, "evaluations":
-                    evaluations}
-    return {"best": best, "evaluations": evaluations}
+                    evaluations, **_best(best, best_dir)}
+    return {"evaluations": evaluations, **_best(best, best_dir)}
+
+
+def _best(best: float, best_dir: str | None) -> dict:
+    """The status keys of the best evaluation, also in the result: a node's last status may
+    not reach the supervisor before the node finishes, its result does."""
+    if not np.isfinite(best):
+        return {"best_return": None, "best_dir": None}
+    return {"best_return": round(best, 1), "best_dir": best_dir}
+
+
+def _record(config: Config, msg: Params, mean_return: float, mean_length: float,
+            reached: bool) -> dict:
+    """What a kept policy's ``INFO_FILE`` says about it: its evaluation and where its
+    parameters came from."""
+    env = config.eval_env or config.agent
+    now = time.time()
+    return {"mean_return": mean_return, "mean_length": mean_length,
+            "num_episodes": config.num_eval_episodes, "env_steps": msg.env_steps,
+            "version": msg.version, "epoch": msg.epoch, "env_id": env.env_id,
+            "algorithm": config.agent.algorithm.name, "stop_at_return": config.stop_at_return,
+            "reached": reached, "unix_time": now,
+            "time": datetime.datetime.fromtimestamp(now, datetime.UTC).isoformat(
+                timespec="seconds")}
