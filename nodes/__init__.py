@@ -8,6 +8,7 @@ import pkgutil
 
 # The graph-wide checks (env ids resolve, runners fit the replay stores, prioritized flags, ...).
 from nodes import _checks  # noqa: E402,F401
+from nodes import _commands as _commands  # noqa: F401 - run.py play and export (conduit)
 
 # Importing the package registers every RL message type with the codec, so any process that
 # loads a node kind (or a monitor) can decode what nodes send.
