@@ -134,6 +134,7 @@ class Learner:
         self.not_training.set()
         self.iteration = 0
         self.env_steps = 0
+        node.status["env_steps_target"] = config.num_env_steps  # the run's budget (progress, ETA)
         self.last_metrics: dict = {}
         self.probe = ProbeLog(node.status, config.agent.probe_observation)
         self._report_at = time.monotonic() + config.metrics_interval_s

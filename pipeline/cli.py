@@ -13,10 +13,10 @@ import time
 import yaml
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-COMMANDS = ("run", "status", "monitor", "stop", "restart", "swap", "scale", "plot", "node",
-            "checkpoint")
+COMMANDS = ("run", "check", "status", "monitor", "stop", "restart", "swap", "scale", "plot",
+            "node", "checkpoint")
 # Commands run.py carries out itself; every other one is a supervisor command (cmd_<name>).
-LOCAL_COMMANDS = frozenset({"run", "monitor", "plot", "node"})
+LOCAL_COMMANDS = frozenset({"run", "check", "monitor", "plot", "node"})
 # Reply codes that mean the user asked for something wrong (exit 2); the rest exit 1.
 USAGE_CODES = frozenset({"unknown_command", "bad_request", "unauthorized"})
 
@@ -79,21 +79,30 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="run.py", description="Conduit: RL training as a graph of processes.")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
-    r = sub.add_parser("run", help="run a graph")
+    r = sub.add_parser("run", help="run a graph (also: run.py GRAPH)")
     r.add_argument("graph", nargs="?", help="graph YAML file")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a graph value, e.g. nodes.learner.config.lr=0.001")
+                   help="override a graph value, e.g. agent.algorithm.learning_rate=0.001 or "
+                        "nodes.learner.config.mini_batch_size=128")
     r.add_argument("--seed", type=int, default=0, metavar="N",
                    help="add N to every node's seed: another run of the same graph (default 0: "
                         "the seeds as written)")
     r.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoint")
     r.add_argument("--run-dir", help="use this run directory instead of runs/<name>/<time>")
-    r.add_argument("--quiet", action="store_true", help="no progress line")
+    r.add_argument("--quiet", action="store_true",
+                   help="no progress line (the end-of-run block is printed still)")
     r.add_argument("--in-loop", action="store_true",
                    help="run every node as a task in this one process (debugging; no restarts)")
     r.set_defaults(func=cmd_run)
 
-    for name, helptext in [("status", "show per-node state"), ("stop", "stop a run"),
+    c = sub.add_parser("check", help="check a graph as run would, start nothing; prints ok")
+    c.add_argument("graph", help="graph YAML file")
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a graph value, as for run")
+    c.set_defaults(func=cmd_check)
+
+    for name, helptext in [("status", "show per-node state (a finished run: its summary)"),
+                           ("stop", "stop a run"),
                            ("checkpoint", "ask the checkpointer for a checkpoint now")]:
         s = sub.add_parser(name, help=helptext)
         s.add_argument("run_dir")
@@ -119,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("replicas", type=int)
     s.set_defaults(func=cmd_scale)
 
-    m = sub.add_parser("monitor", help="watch a live run")
+    m = sub.add_parser("monitor", help="watch a live run (a finished run: its summary)")
     m.add_argument("run_dir")
     m.add_argument("--topic", action="append", default=[], help="print messages of a topic")
     m.add_argument("--interval", type=float, default=2.0)
@@ -180,6 +189,12 @@ def cmd_run(args) -> int:
     if args.in_loop:
         return _run_in_loop(graph, run_dir)
     return _supervise(graph, run_dir, resume, quiet=args.quiet, checked=checked)
+
+
+def cmd_check(args) -> int:
+    from pipeline.graph import check_command
+
+    return check_command([args.graph, *(a for item in args.set for a in ("--set", item))])
 
 
 def _run_in_loop(graph, run_dir: str) -> int:
@@ -313,7 +328,7 @@ def _supervise(graph, run_dir: str, resume: str | None, quiet: bool,
     import uvloop
 
     from pipeline import forkserver
-    from pipeline.supervisor import STOP_CONDITION, Supervisor
+    from pipeline.supervisor import Supervisor
 
     secret = _new_secret(run_dir)
     # Now, while every node kind is imported (graph validation did it) and before the event
@@ -329,12 +344,7 @@ def _supervise(graph, run_dir: str, resume: str | None, quiet: bool,
         sup = Supervisor(graph, run_dir, resume=resume, forkserver=server, checked=checked,
                          secret=secret)
         code = await sup.run(progress=None if quiet else _progress)
-        if sup.failure:
-            print(f"\nerror: {sup.failure}", file=sys.stderr)
-        elif sup.ended_by in (None, STOP_CONDITION, "duration"):
-            print(f"\nrun finished: {run_dir}", file=sys.stderr)
-        else:
-            print(f"\nrun stopped ({sup.ended_by}): {run_dir}", file=sys.stderr)
+        _print_end(sup, run_dir)
         return code
 
     try:
@@ -346,34 +356,46 @@ def _supervise(graph, run_dir: str, resume: str | None, quiet: bool,
         return EXIT_FAILED
 
 
+def _print_end(sup, run_dir: str) -> None:
+    """The end-of-run block (why it ended, best return and policy, env steps, wall time);
+    a failed run's last line says why it failed, for scripts that read the last line."""
+    from pipeline.monitor import format_summary
+
+    if sup.summary is not None:
+        print("\n" + format_summary(sup.summary), file=sys.stderr)
+    else:  # summary.json could not be made: say at least how it ended
+        print(f"\nrun ended ({sup.ended_by}): {run_dir}", file=sys.stderr)
+    if sup.failure:
+        print(f"error: {sup.failure}", file=sys.stderr)
+
+
+PROGRESS_S, PROGRESS_LOG_EVERY = 1.0, 10  # refreshed in place; every 10th to a file or pipe
+
+
 async def _progress(sup) -> None:
-    """One progress line, rewritten in place on a terminal, every few seconds otherwise."""
+    """The progress line (:class:`pipeline.monitor.Progress`): rewritten in place every
+    second on a terminal; when stderr is a file or a pipe, a new line every 10 s (measured
+    every second all the same, so the first one has a rate)."""
+    from pipeline.monitor import WIDTH, Progress
+
     tty = sys.stderr.isatty()
+    run = sup.graph.run
+    # duration_s gives the ETA only where reaching it is how the run ends, not a failure.
+    budget = run.duration_s if run.on_duration == "stop" or not run.stop_when else None
+    progress = Progress(budget)
+    ticks = 0
     while True:
-        await asyncio.sleep(1.0 if tty else 10.0)  # a display period
-        status = await sup.status()
-        line = format_progress(status)
+        await asyncio.sleep(PROGRESS_S)  # a display period
+        line = progress.line(await sup.status())
+        ticks += 1
         if tty:
-            print("\r" + line[: os.get_terminal_size().columns - 1].ljust(60), end="",
-                  file=sys.stderr, flush=True)
-        else:
-            print(line, file=sys.stderr, flush=True)
-
-
-def format_progress(status: dict) -> str:
-    parts = [f"[{status['uptime_s']:7.1f}s]"]
-    for instance, info in status["nodes"].items():
-        shown = {k: v for k, v in (info.get("status") or {}).items()
-                 if isinstance(v, int | float) and not isinstance(v, bool)}
-        numbers = " ".join(f"{k}={_short(v)}" for k, v in list(shown.items())[:3])
-        parts.append(f"{instance}:{info['state']}" + (f" {numbers}" if numbers else ""))
-    return " | ".join(parts)
-
-
-def _short(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.3g}"
-    return f"{v / 1000:.1f}k" if abs(v) >= 10000 else str(v)
+            try:
+                width = min(WIDTH, os.get_terminal_size(sys.stderr.fileno()).columns - 1)
+            except OSError:
+                width = WIDTH
+            print("\r" + line[:width].ljust(width), end="", file=sys.stderr, flush=True)
+        elif ticks % PROGRESS_LOG_EVERY == 0:
+            print(line[:WIDTH], file=sys.stderr, flush=True)
 
 
 # --- control commands -----------------------------------------------------------------------
@@ -451,7 +473,33 @@ def _is_live(run_dir: str) -> bool:
         os.close(fd)
 
 
+def finished_summary(run_dir: str) -> dict | None:
+    """A run that ended: its ``summary.json``; None while it runs or if it has none."""
+    if _is_live(run_dir):
+        return None
+    try:
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _show_finished(summary: dict, as_json: bool = False) -> int:
+    from pipeline.monitor import format_summary
+
+    if as_json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print(format_summary(summary))
+        print(format_status(summary, ended=True))
+    return EXIT_OK
+
+
 def cmd_control_simple(args) -> int:
+    if args.command == "status":
+        summary = finished_summary(args.run_dir)
+        if summary is not None:
+            return _show_finished(summary, args.json)
     result = control(args.run_dir, args.command, timeout=10 if args.command == "status" else 600)
     if args.command == "status" and not args.json:
         print(format_status(result))
@@ -462,8 +510,9 @@ def cmd_control_simple(args) -> int:
     return EXIT_OK
 
 
-def format_status(status: dict) -> str:
-    lines = [f"graph {status['graph']}  up {status['uptime_s']}s  {status['run_dir']}"]
+def format_status(status: dict, ended: bool = False) -> str:
+    lines = [f"graph {status['graph']}  {'ran' if ended else 'up'} {status['uptime_s']}s  "
+             f"{status['run_dir']}"]
     for instance, info in status["nodes"].items():
         counters = " ".join(f"{k}={v}" for k, v in (info.get("status") or {}).items())
         lines.append(f"  {instance:<22} {info['state']:<10} pid={info['pid']} "
@@ -499,8 +548,16 @@ def cmd_scale(args) -> int:
 def cmd_monitor(args) -> int:
     from pipeline.monitor import monitor
 
-    return monitor(args.run_dir, topics=args.topic, interval=args.interval, count=args.count,
-                   control=control)
+    summary = finished_summary(args.run_dir)
+    if summary is None:
+        try:
+            return monitor(args.run_dir, topics=args.topic, interval=args.interval,
+                           count=args.count, control=control)
+        except (UsageError, CommandFailed):
+            summary = finished_summary(args.run_dir)  # it ended while we watched
+            if summary is None:
+                raise
+    return _show_finished(summary)
 
 
 def cmd_plot(args) -> int:

@@ -39,7 +39,8 @@ NODE_KEYS = {"kind", "replicas", "config", "publishes", "subscribes", "serves", 
 RESTART_KEYS = {"policy", "max_failures", "window_s", "backoff_s", "backoff_max_s"}
 RUN_KEYS = {"directory", "duration_s", "stop_when", "heartbeat_s", "heartbeat_timeout_s",
             "grace_s", "transport", "ready_timeout_s", "interface", "insecure", "launcher",
-            "ray_address"}
+            "ray_address", "on_duration"}
+ON_DURATION = ("fail", "stop")
 PLACEMENT_KEYS = {"num_cpus", "num_gpus", "memory", "resources", "labels"}
 LOOPBACK = ("127.0.0.1", "localhost", "lo", "::1")
 
@@ -99,6 +100,9 @@ class RunSpec:
     insecure: bool = False  # tcp without CURVE (loopback only)
     launcher: str = "local"  # or "ray" (pipeline.launchers)
     ray_address: str = "auto"
+    # What reaching duration_s means for a graph with stop_when: "fail" (exit 1: the stop
+    # condition was not met in time) or "stop" (a time budget: the run ends, exit 0).
+    on_duration: str = "fail"
 
 
 @dataclass(frozen=True)
@@ -532,9 +536,13 @@ def _validate_run(spec: dict, nodes: dict, lines: Lines) -> RunSpec:
     if launcher == "ray" and transport != "tcp":
         raise lines.error(("run", "launcher"), "run.launcher: ray needs run.transport: tcp")
     ray_address = _typed(spec.get("ray_address", "auto"), str, ("run", "ray_address"), lines)
+    on_duration = spec.get("on_duration", "fail")
+    if on_duration not in ON_DURATION:
+        raise lines.error(("run", "on_duration"), f"must be fail or stop, got {on_duration!r}")
     run = RunSpec(directory=directory, duration_s=duration, stop_when=stop_when,
                   transport=transport, interface=interface, insecure=insecure,
-                  launcher=launcher, ray_address=ray_address, **numbers)
+                  launcher=launcher, ray_address=ray_address, on_duration=on_duration,
+                  **numbers)
     if run.heartbeat_timeout_s < 2 * run.heartbeat_s:
         # One late heartbeat must not get a healthy node killed (in a loop, every timeout).
         at = "heartbeat_timeout_s" if "heartbeat_timeout_s" in spec else "heartbeat_s"

@@ -90,6 +90,8 @@ class Supervisor:
         # Why the run ends: STOP_CONDITION, "stop requested", "signal ...", "failure",
         # "duration". Only the stop condition or a stop asked for is a success.
         self.ended_by: str | None = None
+        self.ended_node: str | None = None  # the run.stop_when replica whose finish ended it
+        self.summary: dict | None = None  # what summary.json holds, once written
         self.stop_event = asyncio.Event()
         self._started = asyncio.Event()  # every node was started (or the run stopped first)
         self.watchers_made = asyncio.Event()  # every node of the graph has its watchers
@@ -462,7 +464,10 @@ class Supervisor:
             await asyncio.Event().wait()
         while not self.stopping:
             watchers = [w for n in stop_when for w in self.watchers[n]]
-            if any(w.state == "finished" for w in watchers):
+            finished = next((w for w in watchers if w.state == "finished"), None)
+            if finished is not None:
+                if self.ended_by is None:
+                    self.ended_node = finished.instance
                 self.end(STOP_CONDITION)
                 return
             if not watchers:
@@ -499,7 +504,8 @@ class Supervisor:
                 await asyncio.wait_for(self.stop_event.wait(), duration)
             except TimeoutError:
                 self.end("duration")
-            if self.ended_by == "duration" and self.graph.run.stop_when:
+            if self.ended_by == "duration" and self.graph.run.stop_when and \
+                    self.graph.run.on_duration == "fail":
                 self.failure = (f"the run reached duration_s={duration:g} before its stop "
                                 f"condition ({' or '.join(self.graph.run.stop_when)} finished)")
         finally:
@@ -554,7 +560,16 @@ class Supervisor:
         # tests to read after the run.
         summary = await self.status()
         summary["failure"] = self.failure
+        # Why the run ended (the end-of-run block and `status` of a finished run read it):
+        # reason is STOP_CONDITION, "duration", "stop requested", "signal SIGINT|SIGTERM" or
+        # "failure"; node, the stop_when replica that finished; the exit code run() returns.
+        summary["ended"] = {"reason": self.ended_by, "node": self.ended_node,
+                            "exit_code": EXIT_NODE_FAILED if self.failure else EXIT_OK,
+                            "duration_s": self.graph.run.duration_s,
+                            "on_duration": self.graph.run.on_duration,
+                            "stop_when": list(self.graph.run.stop_when)}
         summary["ledger"] = reconcile(self.run_dir)  # exactly-once over the run: see ledger.py
+        self.summary = summary
         _write_json(os.path.join(self.run_dir, "summary.json"), summary)
 
     async def _start_all(self) -> None:

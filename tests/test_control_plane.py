@@ -68,9 +68,13 @@ def test_every_request_gets_a_reply_with_a_code_in_time(extras):
     assert run.command("status")["nodes"]["sink.0"]["state"] == "running"
     run.interrupt()
     assert run.finish(60) == 0, run.stderr
+    ended = run.cli("status", run.run_dir)  # an ended run: its summary.json
+    assert ended.returncode == 0, ended.stderr
+    assert ended.stdout.startswith("run stopped: Ctrl-C (SIGINT)\n"), ended.stdout
+    os.remove(os.path.join(run.run_dir, "summary.json"))  # as a run killed with SIGKILL leaves it
     started = time.monotonic()
-    ended = run.cli("status", run.run_dir)  # at once, not after the client's timeout
-    assert ended.returncode == 2 and "no live run" in ended.stderr, ended.stderr
+    gone = run.cli("status", run.run_dir)  # at once, not after the client's timeout
+    assert gone.returncode == 2 and "no live run" in gone.stderr, gone.stderr
     assert time.monotonic() - started < 5
 
 
