@@ -3,9 +3,11 @@
 Why: a fresh interpreter per node imports numpy, zmq and, for a training graph, torch (1.3-2 s
 of CPU each). A graph starts several such nodes at once on a machine with few cores, so they
 were ready 3.5-4.5 s after launch, and a restarted node paid the same again. The supervisor has
-imported every node kind while validating the graph; :func:`start` forks a *fork server* from it
-at that moment (before the event loop or any ZeroMQ context exists, so no thread or socket is
-copied), and each node is then a fork of that server: ready in a fraction of a second.
+imported every node kind while validating the graph, and the graph's ``imports:`` (the user's
+environments and kinds: :func:`pipeline.graph.load` imports them first), so call :func:`start`
+after loading the graph: it forks a *fork server* from the supervisor at that moment (before
+the event loop or any ZeroMQ context exists, so no thread or socket is copied), and each node
+is then a fork of that server: ready in a fraction of a second.
 
 Protocol (newline-delimited JSON over two pipes): the supervisor writes
 ``{"id", "launch", "log"}``; the server answers ``{"id", "pid"}`` after forking (or

@@ -26,7 +26,7 @@ from pipeline.topics import DELIVERY_CLASSES, HWM_BYTES, RELIABLE, partition_gro
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 RESTART_POLICIES = ("always", "on-failure", "never")
 
-TOP_KEYS = {"name", "description", "topics", "services", "nodes", "run"}
+TOP_KEYS = {"name", "description", "imports", "topics", "services", "nodes", "run"}
 TOPIC_KEYS = {"delivery", "hwm", "hwm_bytes", "partitioned", "coalesce"}
 MAX_REPLICAS = 64  # per node: each replica is a process on this machine
 IPC_PATH_MAX = 107  # bytes in a unix socket path (sun_path, with its NUL)
@@ -114,6 +114,7 @@ class Graph:
     run: RunSpec
     services: tuple
     raw: dict  # the resolved YAML data, written to the run directory
+    imports: tuple = ()  # modules every process imports first (they register envs, kinds)
     configs: dict = field(default_factory=dict)  # node -> its built config (dataclass or dict)
     ports: dict = field(default_factory=dict)  # node -> its kind's Ports, or None (undeclared)
 
@@ -260,6 +261,7 @@ def _typed(value, kind, path, lines: Lines, minimum=None):
 def _validate(data: dict, lines: Lines) -> Graph:
     # ``x-...`` keys hold YAML anchors shared by several nodes (docker-compose's convention).
     data = {k: v for k, v in data.items() if not str(k).startswith("x-")}
+    imports = _import_modules(data.get("imports"), lines)  # first: they may register kinds
     _check_keys(data, TOP_KEYS | set(kinds.sections()), (), lines)
     sections = _validate_sections(data, lines)
     name = data.get("name")
@@ -348,13 +350,29 @@ def _validate(data: dict, lines: Lines) -> Graph:
     run = _validate_run(_require_mapping(data.get("run"), ("run",), lines), nodes, lines)
     graph = Graph(name=name, source=lines.source, topics=topics, nodes=nodes, run=run,
                   services=tuple(sorted(served)), raw=copy.deepcopy(data), configs=configs,
-                  ports=declared)
+                  ports=declared, imports=imports)
     for check in kinds.graph_checks():
         try:
             check(graph)
         except configlib.ConfigError as exc:
             raise lines.error(_key_path(exc.key), exc.message) from None
     return graph
+
+
+def _import_modules(value, lines: Lines) -> tuple:
+    """The graph's ``imports:``: module names imported here, at load, before any kind or
+    section is resolved (they register environments, node kinds, graph checks), and again by
+    every node process (:class:`pipeline.node.Launch`). The working directory is importable
+    (:func:`pipeline.kinds.import_modules`), also when the list is empty: ``module:function``
+    kinds and ``module:EnvId`` ids name modules too."""
+    names = _names(value, ("imports",), lines)
+    kinds.import_modules(())
+    for i, name in enumerate(names):
+        try:
+            kinds.import_modules([name])
+        except kinds.ImportFailed as exc:
+            raise lines.error(("imports", i), str(exc)) from None
+    return names
 
 
 def _default_ports(nodes: dict, declared: dict, stated: dict, topics: dict) -> None:

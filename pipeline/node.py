@@ -76,6 +76,8 @@ class Launch:
     subscribes: list = field(default_factory=list)
     calls: list | None = None  # services the graph entry lists; None: not checked
     curve: dict | None = None  # tcp: public keys and key file paths (pipeline.curve)
+    imports: list = field(default_factory=list)  # the graph's imports:, before the kind
+    workdir: str | None = None  # the supervisor's working directory, put on sys.path
 
     def dump(self, path: str) -> None:
         with open(path, "w") as f:
@@ -182,10 +184,12 @@ async def run_instance(launch: Launch, sockets: SocketFactory | None = None,
                        stop: asyncio.Event | None = None, on_ready=None) -> dict:
     """Run one node instance to completion; return its summary or raise NodeFailed.
     ``on_ready()`` runs when the node reports ready (a node process settles its garbage
-    collector there: :mod:`pipeline.gcpolicy`)."""
-    kind = kinds.resolve(launch.kind)
-    config_cls = kind.config_cls
-    config = configlib.build(config_cls, launch.config) if config_cls else dict(launch.config)
+    collector there: :mod:`pipeline.gcpolicy`).
+
+    The graph's ``imports:`` come first, whichever way this process started (a fork of the
+    fork server has them already; a fresh interpreter or a Ray worker imports them here):
+    they may register the kind, its message types or the environment it steps. A module that
+    does not import, or a kind that does not resolve, fails the node with one line."""
     sockets = sockets or SocketFactory()
     topics = {name: TopicSpec(**spec) for name, spec in launch.topics.items()}
     bus = Bus(launch.incarnation, launch.node, topics, launch.bind, launch.consumer_groups,
@@ -196,6 +200,10 @@ async def run_instance(launch: Launch, sockets: SocketFactory | None = None,
                                      launch.run_dir, launch.device, launch.resume), stop)
     control = _Control(launch, node, sockets)
     try:
+        kinds.import_modules(launch.imports, launch.workdir)
+        kind = kinds.resolve(launch.kind)
+        config = (configlib.build(kind.config_cls, launch.config) if kind.config_cls
+                  else dict(launch.config))
         bus.bind_all()  # eagerly, so the supervisor can tell subscribers where to connect
         await control.start()
 

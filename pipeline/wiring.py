@@ -75,6 +75,10 @@ def make_launch(graph: Graph, node_name: str, replica: int, generation: int, run
         subscribes=list(node.subscribes),
         calls=list(node.calls),
         curve=curve,
+        imports=list(graph.imports),
+        # The supervisor's working directory: importable in the node's process wherever it
+        # starts (a fork, a fresh interpreter, a Ray worker elsewhere), as at load.
+        workdir=os.getcwd(),
     )
 
 

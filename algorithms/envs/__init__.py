@@ -12,12 +12,19 @@ Three families, told apart by the id:
   ``gymnasium.make``; :mod:`algorithms.envs.pomdp` registers the partially observed ones
   (``CartPoleNoVelocity-v1``).
 
+Any id may name the module that registers it, Gymnasium's ``"module:EnvId"`` form
+(``"corridor:Corridor-v0"`` imports ``corridor``, then makes ``Corridor-v0``): the module is
+imported here, in whichever process asks (the graph check, a runner, the evaluator), and one
+that does not import is one line naming it.
+
 Every env it makes is a ``NEXT_STEP`` autoreset vector env (the step after a terminated or
 truncated one is a reset, reward 0), which :class:`algorithms.steps.VectorEnvStepper` turns into
 ALF time steps. No torch here: an env runner starts without importing it.
 """
 
 from __future__ import annotations
+
+import importlib
 
 import gymnasium as gym
 
@@ -26,10 +33,30 @@ from algorithms.envs import atari, minatar, pomdp
 pomdp.register()
 
 
+def registered_id(env_id: str) -> str:
+    """``env_id`` without its module: for ``"module:EnvId"`` (Gymnasium's form) the module is
+    imported first, which registers ``EnvId``. Raises ``ValueError`` with one line naming a
+    module that does not import, and why."""
+    module, sep, name = env_id.partition(":")
+    if not sep:
+        return env_id
+    if not module or not name:
+        raise ValueError(f"expected an env id or module:EnvId, got {env_id!r}")
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # user code: a SyntaxError or a raise at import is a mistake too
+        reason = " ".join(str(exc).split())
+        if not isinstance(exc, ImportError):
+            reason = f"{type(exc).__name__}: {reason}"
+        raise ValueError(f"cannot import module {module!r}: {reason}") from None
+    return name
+
+
 def check_env_id(env_id: str, env_kwargs: dict | None = None) -> None:
     """Raise ``ValueError`` with one line if ``env_id``/``env_kwargs`` cannot make an env here:
     an unknown id, a missing extra (named), an unknown ``env_kwargs`` key. Cheap: it makes no
     environment, so a graph can be checked at load time."""
+    env_id = registered_id(env_id)
     env_kwargs = dict(env_kwargs or {})
     if atari.parse_id(env_id) is not None:
         atari.check(env_id, atari.options(env_kwargs))
@@ -42,7 +69,9 @@ def check_env_id(env_id: str, env_kwargs: dict | None = None) -> None:
         try:
             gym.spec(env_id)
         except gym.error.Error as exc:
-            raise ValueError(f"unknown environment id {env_id!r}: {exc}") from None
+            raise ValueError(f"unknown environment id {env_id!r}: {exc} (your own? name the "
+                             f"module that registers it: module:{env_id}, or the graph's "
+                             f"imports:)") from None
 
 
 def make_env(env_id: str, num_envs: int, seed: int | None = None,
@@ -55,6 +84,7 @@ def make_env(env_id: str, num_envs: int, seed: int | None = None,
     """
     env_kwargs = dict(env_kwargs or {})
     check_env_id(env_id, env_kwargs)
+    env_id = registered_id(env_id)
     if atari.parse_id(env_id) is not None:
         env = atari.make(env_id, num_envs, seed, atari.options(env_kwargs), training)
     elif minatar.parse_id(env_id) is not None:
@@ -77,4 +107,4 @@ def env_spaces(env_id: str, env_kwargs: dict | None = None) -> tuple[gym.Space, 
         env.close()
 
 
-__all__ = ["check_env_id", "env_spaces", "make_env"]
+__all__ = ["check_env_id", "env_spaces", "make_env", "registered_id"]

@@ -15,7 +15,10 @@ placement.
 
 Assumptions (docs/distributed.md): every machine sees the run directory at the same path (a
 shared file system: launch specs, key files, logs, checkpoints), and has this project and its
-Python at the same path as the supervisor.
+Python at the same path as the supervisor. The user's own modules (the graph's ``imports:``,
+``module:function`` kinds, ``module:EnvId`` environments) are imported by the node process from
+its launch spec, with the supervisor's working directory on ``sys.path`` (docs/custom.md): that
+directory too must be at the same path, or the modules installed.
 """
 
 from __future__ import annotations
