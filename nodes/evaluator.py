@@ -129,8 +129,8 @@ async def run(config: Config, node, ready) -> dict:
     run_dir = node.info.run_dir
     best_dir = os.path.join(run_dir, BEST) if run_dir else None
     kept = kept_info(best_dir) if best_dir else None  # a restarted evaluator's best so far
-    best = kept["mean_return"] if kept else -np.inf
-    if kept:
+    best = float((kept or {}).get("mean_return", -np.inf))
+    if np.isfinite(best):
         node.status.update(_best(best, best_dir))
     evaluations = 0
     while not node.stopping.is_set():
