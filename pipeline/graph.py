@@ -35,7 +35,8 @@ IPC_PATH_MAX = 107  # bytes in a unix socket path (sun_path, with its NUL)
 IPC_DIR_ROOM = 25
 IPC_NAME_ROOM = len(".00~000000..tap")
 NODE_KEYS = {"kind", "replicas", "config", "publishes", "subscribes", "serves", "calls",
-             "restart", "device", "nice", "description", "stop_after", "placement"}
+             "restart", "device", "nice", "description", "stop_after", "placement",
+             "critical"}
 RESTART_KEYS = {"policy", "max_failures", "window_s", "backoff_s", "backoff_max_s"}
 RUN_KEYS = {"directory", "duration_s", "stop_when", "heartbeat_s", "heartbeat_timeout_s",
             "grace_s", "transport", "ready_timeout_s", "interface", "insecure", "launcher",
@@ -69,6 +70,9 @@ class NodeSpec:
     nice: int = 0  # added to the process's niceness: background nodes yield the CPU
     stop_after: tuple = ()  # extra stop-order edges: stop this node only after these stopped
     placement: dict = field(default_factory=dict)  # run.launcher ray: where replicas may run
+    # False: when its restarts are exhausted the node ends, is reported, and the run goes on
+    # without it (publishers neither wait for it nor keep messages for it: pipeline.wiring).
+    critical: bool = True
 
 
 @dataclass(frozen=True)
@@ -348,6 +352,7 @@ def _validate(data: dict, lines: Lines) -> Graph:
                           key=("nodes", node, section))
 
     run = _validate_run(_require_mapping(data.get("run"), ("run",), lines), nodes, lines)
+    _check_critical(nodes, topics, run, lines)
     graph = Graph(name=name, source=lines.source, topics=topics, nodes=nodes, run=run,
                   services=tuple(sorted(served)), raw=copy.deepcopy(data), configs=configs,
                   ports=declared, imports=imports)
@@ -373,6 +378,21 @@ def _import_modules(value, lines: Lines) -> tuple:
         except kinds.ImportFailed as exc:
             raise lines.error(("imports", i), str(exc)) from None
     return names
+
+
+def _check_critical(nodes: dict, topics: dict, run: RunSpec, lines: Lines) -> None:
+    """A ``critical: false`` node may end for good while the run goes on: the run cannot wait
+    for it to finish, and it cannot hold a partition of a topic (its share would be lost)."""
+    for i, name in enumerate(run.stop_when):
+        if not nodes[name].critical:
+            raise lines.error(("run", "stop_when", i), f"node {name!r} is critical: false "
+                              f"(the run goes on without it), so it cannot end the run")
+    for node in nodes.values():
+        for topic in node.subscribes if not node.critical else ():
+            if topics[topic].partitioned:
+                raise lines.error(("nodes", node.name, "critical"), f"a critical: false node "
+                                  f"cannot consume the partitioned topic {topic!r} (the "
+                                  f"partition it holds would be lost with it)")
 
 
 def _default_ports(nodes: dict, declared: dict, stated: dict, topics: dict) -> None:
@@ -516,9 +536,10 @@ def _validate_node(name: str, spec, topics: dict, sections: dict, lines: Lines) 
         raise lines.error((*path, "nice"), f"must be 0 to 19, got {nice}")
     stop_after = _names(spec.get("stop_after"), (*path, "stop_after"), lines)
     placement = _validate_placement(spec.get("placement"), (*path, "placement"), lines)
+    critical = _typed(spec.get("critical", True), bool, (*path, "critical"), lines)
     node = NodeSpec(name=name, kind=kind, replicas=replicas, config=raw_config,
                     restart=restart, device=device, nice=nice, stop_after=stop_after,
-                    placement=placement, **lists)
+                    placement=placement, critical=critical, **lists)
     return node, config, declared
 
 

@@ -3,10 +3,13 @@
 Why a registry: ``pipeline/`` is the transport and runtime and must not depend on the node
 kinds built on it. The package that holds node kinds registers them from outside
 (``nodes/__init__.py`` calls :func:`register_package`), and ``run.py`` imports that package
-before it reads a graph. A user kind needs no registration: ``package.module:function``.
+before it reads a graph. A user kind needs no registration: ``package.module`` (a module with
+``run``) or ``package.module:function``.
 
 A kind module defines ``async def run(config, node, ready)`` (``node`` is a
-:class:`pipeline.node.NodeContext`) and optionally:
+:class:`pipeline.node.NodeContext`) and optionally the declarations below. For
+``package.module:function`` each is looked up on the function first (``function.Config``, so
+one module can hold several kinds), then on the module:
 
 * ``Config``: a frozen dataclass, built from the graph entry's ``config`` at load;
 * ``PORTS``: a :class:`pipeline.ports.Ports` (or a function of the built config returning one),
@@ -29,6 +32,7 @@ kind is resolved.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import re
 import sys
@@ -38,6 +42,7 @@ from typing import Any
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+DECLARATIONS = ("Config", "PORTS", "validate", "exclusive")
 
 _KINDS: dict[str, str] = {}  # kind name -> module path, imported on first use
 _GRAPH_CHECKS: list[Callable] = []
@@ -115,26 +120,36 @@ def known() -> list[str]:
 
 
 def resolve(kind: str) -> Kind:
-    """Import a node kind; raise :class:`UnknownKind` with a one-line reason."""
+    """Import a node kind; raise :class:`UnknownKind` with a one-line reason.
+
+    ``kind`` is a registered name, a module (its ``run``), or ``module:function``."""
     if ":" in kind:
         module_name, _, func_name = kind.partition(":")
         module = _import(module_name)
         run = getattr(module, func_name, None)
         if run is None or not callable(run):
             raise UnknownKind(f"{module_name!r} has no function {func_name!r}")
-        # A user kind carries its declarations on the function (run.Config, run.PORTS, ...).
-        source = run
+        # The function's own declarations first (run.Config, ...): a module may hold several
+        # kinds; what the function does not carry, the module declares for all of them.
+        sources = (run, module)
     else:
-        if kind not in _KINDS:
+        if kind in _KINDS:
+            module_name = _KINDS[kind]
+        elif MODULE_RE.match(kind) and ("." in kind or importlib.util.find_spec(kind)):
+            module_name = kind  # a module of the user's: its run()
+        else:
             raise UnknownKind(f"unknown node kind {kind!r} (known: {', '.join(known())})")
-        module = _import(_KINDS[kind])
+        module = _import(module_name)
         run = getattr(module, "run", None)
         if run is None or not callable(run):
-            raise UnknownKind(f"{_KINDS[kind]} has no run(config, node, ready) function")
-        source = module
-    return Kind(name=kind, run=run, config_cls=getattr(source, "Config", None),
-                ports=getattr(source, "PORTS", None), validate=getattr(source, "validate", None),
-                exclusive=getattr(source, "exclusive", None))
+            raise UnknownKind(f"{module_name} has no run(config, node, ready) function")
+        sources = (module,)
+    found = {}
+    for name in DECLARATIONS:
+        found[name] = next((getattr(source, name) for source in sources
+                            if getattr(source, name, None) is not None), None)
+    return Kind(name=kind, run=run, config_cls=found["Config"], ports=found["PORTS"],
+                validate=found["validate"], exclusive=found["exclusive"])
 
 
 def import_modules(names, directory: str | None = None) -> None:

@@ -436,6 +436,16 @@ class Supervisor:
             self.failure = reason
         self.end("failure")
 
+    def give_up(self, watcher: Watcher, reason: str) -> None:
+        """A ``critical: false`` node failed for good (crash loop, or policy ``never``): it
+        stays down, and the run goes on without it. Said on the terminal, in the log and as
+        the event ``supervisor.<node>.failed``; its state in status and summary.json is
+        ``failed``."""
+        line = f"{reason} (critical: false: the run goes on without it)"
+        log.error("%s", line)
+        print(f"\nwarning: {line}", file=sys.stderr, flush=True)
+        self.publish_event(watcher, "failed", reason)
+
     def end(self, why: str) -> None:
         """Stop the run; the first reason given is the one that counts."""
         if self.ended_by is None:

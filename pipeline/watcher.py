@@ -1,6 +1,7 @@
 """A node replica's watcher: starts its incarnations, restarts them per the node's restart
-policy with exponential backoff, and ends the run on a crash loop (Circus's watcher, one task per
-replica, no global lock). The :class:`~pipeline.supervisor.Supervisor` owns the watchers; a
+policy with exponential backoff, and ends the run on a crash loop, or, for a ``critical: false``
+node, gives that node up and lets the run go on (Circus's watcher, one task per replica, no
+global lock). The :class:`~pipeline.supervisor.Supervisor` owns the watchers; a
 watcher knows it only as a :class:`WatcherHost`, so this module imports nothing above it.
 """
 
@@ -54,6 +55,8 @@ class WatcherHost(Protocol):
 
     def fail(self, reason: str) -> None: ...
 
+    def give_up(self, watcher: Watcher, reason: str) -> None: ...
+
     def publish_event(self, watcher: Watcher, event: str, detail: str = "") -> None: ...
 
     def log_path(self, watcher: Watcher) -> str: ...
@@ -79,6 +82,7 @@ class Watcher:
         self.failures: list[float] = []
         self.state = "pending"
         self.restarts = 0
+        self.given_up = False  # a critical: false node that failed for good; the run goes on
         self.stopping = False
         self.task: asyncio.Task | None = None
         self.done = asyncio.Event()  # the watcher stopped watching (finished, gave up, stopped)
@@ -112,7 +116,7 @@ class Watcher:
         finally:
             ready.cancel()
             gave_up.cancel()
-        if self.became_ready.is_set() or self.state == "finished":
+        if self.became_ready.is_set() or self.state == "finished" or self.given_up:
             return self.current
         if self.done.is_set():
             raise RunFailed(self.trial_failure or self.sup.failure or
@@ -148,16 +152,16 @@ class Watcher:
                     f"{self.sup.log_path(self)}")
                 break
             if policy.policy == "never":
-                self.state = "failed"
-                self.sup.fail(f"node {self.instance} exited with code {inc.returncode}"
-                              f"{': ' + inc.failure if inc.failure else ''} and its restart "
-                              f"policy is 'never'; see {self.sup.log_path(self)}")
+                self._end_failed("failed", f"node {self.instance} exited with code "
+                                 f"{inc.returncode}{': ' + inc.failure if inc.failure else ''} "
+                                 f"and its restart policy is 'never'; see "
+                                 f"{self.sup.log_path(self)}")
                 break
             now = time.monotonic()
             self.failures = [t for t in self.failures if now - t <= policy.window_s] + [now]
             if len(self.failures) >= policy.max_failures:
-                self.state = "crash-loop"
-                self.sup.fail(
+                self._end_failed(
+                    "crash-loop",
                     f"node {self.instance} failed {len(self.failures)} times within "
                     f"{policy.window_s:.0f}s (last: {inc.failure or f'exit code {inc.returncode}'}"
                     f"); see {self.sup.log_path(self)}")
@@ -179,6 +183,17 @@ class Watcher:
             self.state = "starting"
             self.sup.publish_event(self, "restarted", f"attempt {self.restarts}")
         self._set_done()
+
+    def _end_failed(self, state: str, reason: str) -> None:
+        """No more restarts: a critical node fails the run; a ``critical: false`` one is
+        given up (state ``failed``), reported, and the run goes on without it."""
+        if self.spec.critical:
+            self.state = state
+            self.sup.fail(reason)
+        else:
+            self.state = "failed"
+            self.given_up = True
+            self.sup.give_up(self, reason)
 
     def _set_current(self, inc: Incarnation) -> None:
         self.current = inc

@@ -16,6 +16,7 @@ from pipeline import stream
 from pipeline.graph import Graph
 from pipeline.node import Launch
 from pipeline.sockets import private_socket_dir, remove_socket_dir
+from pipeline.topics import partition_of
 
 
 def run_socket_dir(run_dir: str) -> str:
@@ -64,7 +65,7 @@ def make_launch(graph: Graph, node_name: str, replica: int, generation: int, run
                          "partitioned": t.partitioned, "coalesce": t.coalesce}
                 for t in graph.topics.values()},
         bind=bind,
-        consumer_groups={t: graph.consumer_groups(t) for t in node.publishes},
+        consumer_groups={t: waited_for(graph, t) for t in node.publishes},
         run_dir=run_dir,
         device=node.device,
         nice=node.nice,
@@ -80,6 +81,16 @@ def make_launch(graph: Graph, node_name: str, replica: int, generation: int, run
         # starts (a fork, a fresh interpreter, a Ray worker elsewhere), as at load.
         workdir=os.getcwd(),
     )
+
+
+def waited_for(graph: Graph, topic: str) -> list[str]:
+    """The consumer groups a publisher of ``topic`` holds messages for from the start: those
+    of critical nodes. A ``critical: false`` subscriber's group exists once it joins (what it
+    has not taken survives its restarts) and is forgotten when it stays away (it was given
+    up: ``reliable.MEMBER_TIMEOUT_S``), so a node the run goes on without cannot stall it."""
+    critical = {name for name, node in graph.nodes.items() if node.critical}
+    return [g for g in graph.consumer_groups(topic)
+            if (partition_of(g) or (g,))[0] in critical]
 
 
 def peers(graph: Graph, launches: list[Launch]) -> dict:
