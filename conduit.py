@@ -39,7 +39,7 @@ from algorithms.steps import StepType, TimeStep, observation_array
 from nodes._agent import Agent
 from nodes._common import make_algorithm
 from nodes.evaluator import BEST, POLICY_FILE, REACHED
-from pipeline import graphyaml
+from pipeline import graphyaml, kinds
 from pipeline.wiring import latest_checkpoint
 
 __all__ = ["OneEnv", "Policy", "PolicyError", "load_exported", "load_policy"]
@@ -93,9 +93,12 @@ def read_agent(run_dir: str) -> Agent:
     if not isinstance(data, dict) or "agent" not in data:
         raise PolicyError(f"{path}: no agent: section (a run of a graph written before it)")
     try:
+        # The graph's imports: register its own envs, as they did for the run (from the
+        # working directory, as run.py imports them).
+        kinds.import_modules(data.get("imports") or ())
         agent = typedconfig.build(Agent, data["agent"], "agent")
         check_env_id(agent.env_id, agent.env_kwargs)
-    except ValueError as exc:  # typedconfig.ConfigError included
+    except (ValueError, kinds.ImportFailed) as exc:  # typedconfig.ConfigError included
         raise PolicyError(f"{path}: {exc}") from None
     return agent
 

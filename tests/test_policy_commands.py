@@ -49,6 +49,21 @@ def test_run_py_play_prints_each_return_and_the_mean(tmp_path):
     assert mean and float(mean.group(1)) == pytest.approx(sum(want) / 3, abs=0.05), done.stdout
 
 
+def test_play_a_run_of_an_env_of_your_own(tmp_path):
+    """The graph's imports: register its env in a fresh run.py too."""
+    import examples.corridor  # noqa: F401 - registers Corridor-v0 here, to make the run
+
+    agent = {"env_id": "Corridor-v0", "env_kwargs": {"length": 4},
+             "algorithm": {"name": "dqn", "fc_layer_params": [8]}}
+    run_dir, _, _ = make_run(tmp_path / "run", agent, final=False,
+                             graph={"imports": ["examples.corridor"]})
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "run.py"), "play", run_dir,
+                           "--episodes", "1"], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"^episode 1: return [01]\.0 \(\d+ steps\)$", done.stdout, re.M), done.stdout
+
+
 def test_play_video(tmp_path, capsys):
     run_dir, _, _ = make_run(tmp_path / "run", AGENTS["dqn"], final=False)
     video = str(tmp_path / "videos" / "play.mp4")

@@ -68,13 +68,15 @@ def build(agent: dict, wild: bool = False):
     return alg
 
 
-def make_run(root, agent: dict, best: bool = True, final: bool = True, wild: bool = False):
-    """A run directory with ``graph.yaml``, ``best/`` (evaluated 123.5 at 4,000 env steps) and
-    one checkpoint (learner at 6,000); ``(run_dir, best's algorithm, final's algorithm)``."""
+def make_run(root, agent: dict, best: bool = True, final: bool = True, wild: bool = False,
+             graph: dict | None = None):
+    """A run directory with ``graph.yaml`` (``agent`` and the keys of ``graph``), ``best/``
+    (evaluated 123.5 at 4,000 env steps) and one checkpoint (learner at 6,000);
+    ``(run_dir, best's algorithm, final's algorithm)``."""
     run_dir = str(root)
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "graph.yaml"), "w") as f:
-        yaml.safe_dump({"name": "policy_test", "agent": agent}, f)
+        yaml.safe_dump({"name": "policy_test", **(graph or {}), "agent": agent}, f)
     best_alg, final_alg = build(agent, wild), build(agent, wild)
     if best:
         keep_policy(os.path.join(run_dir, BEST), best_alg.policy_state_dict(),
