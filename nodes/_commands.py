@@ -5,9 +5,8 @@
     python run.py export RUN_DIR --to FILE [--which best]
 
 Registered with :func:`pipeline.cli.register_command` when :mod:`nodes` is imported (run.py
-does). Both work through :func:`conduit.load_policy`, imported when a command runs: ``conduit``
-is the public API above ``nodes`` (it builds the policy with the agent and algorithm plumbing
-here), so ``nodes`` never imports it at import time, and a node process never imports it. A
+does). Both work through :func:`nodes._policy.load_policy` (public as ``conduit.load_policy``),
+imported when a command runs, so a node process never imports it. A
 user mistake (no such run directory, no best policy yet, an unknown ``--which``, a missing
 extra) is one line and exit code 2.
 """
@@ -32,7 +31,7 @@ def _policy_arguments(p) -> None:
 
 
 def _load(args, device: str = "cpu"):
-    from conduit import PolicyError, load_policy
+    from nodes._policy import PolicyError, load_policy
 
     try:
         return load_policy(args.run_dir, args.which, device)
@@ -114,7 +113,7 @@ def play(args) -> int:
 def _env(policy, render_mode: str | None, flag: str):
     import gymnasium as gym
 
-    from conduit import PolicyError
+    from nodes._policy import PolicyError
 
     try:
         return policy.make_env(render_mode)

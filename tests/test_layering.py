@@ -19,7 +19,7 @@ ALLOWED = {
     "algorithms": {"algorithms", "storage", "typedconfig"},
     "nodes": {"nodes", "pipeline", "algorithms", "storage", "typedconfig"},
 }
-PROJECT = set(PACKAGES) | {"typedconfig", "run"}
+PROJECT = set(PACKAGES) | {"typedconfig", "run", "conduit"}  # conduit: the public API, on top
 
 
 def _modules() -> dict[str, str]:
