@@ -210,6 +210,43 @@ class SacConfig(_Common):
 
 
 @dataclass(frozen=True, kw_only=True)
+class QrsacConfig(_Common):
+    """SAC with quantile-regression critics, continuous actions (``algorithms.qrsac``)."""
+
+    name: Literal["qrsac"] = _f("qrsac", "algorithm name")
+    actor_fc_layer_params: list[int] = _f([256, 256], "hidden sizes of the actor",
+                                          range=_POSITIVE)
+    critic_fc_layer_params: list[int] = _f([256, 256], "hidden sizes of each critic",
+                                           range=_POSITIVE)
+    actor_learning_rate: float = _f(3e-4, "Adam learning rate of the actor", range=_POSITIVE)
+    critic_learning_rate: float = _f(3e-4, "Adam learning rate of the critics",
+                                     range=_POSITIVE)
+    alpha_learning_rate: float = _f(3e-4, "Adam learning rate of log_alpha", range=_POSITIVE)
+    gamma: float = _f(0.99, "discount factor", range=_DISCOUNT)
+    num_quantiles: int = _f(50, "quantiles each critic outputs, at fractions (2i+1)/(2N)",
+                            minimum=1)
+    huber_kappa: float = _f(1.0, "kappa of the quantile Huber loss", range=_POSITIVE)
+    sum_over_quantiles: bool = _f(True, "sum the critic loss over the predicted quantiles "
+                                        "(the paper's; false: average, ALF's default)")
+    risk_measure: Literal["mean", "cvar"] = _f("mean", "the actor's value of the quantiles: "
+                                                       "mean (risk-neutral) or cvar")
+    risk_level: float = _f(0.25, "cvar's alpha: the mean of the lowest ceil(alpha * N) "
+                                 "quantiles", range=_DISCOUNT)
+    num_critic_replicas: int = _f(2, "number of critics; targets and actor take their "
+                                     "minimum per quantile", minimum=1)
+    target_entropy: float | None = _f(None, "entropy target (null = -action_dim)")
+    initial_log_alpha: float = _f(0.0, "initial log_alpha")
+    max_log_alpha: float | None = _f(None, "cap of log_alpha (null = no cap)")
+    use_entropy_reward: bool = _f(True, "include -alpha * log pi in the target quantiles")
+    target_update_tau: float = _f(0.005, "soft-update factor of the target critics",
+                                  range=_DISCOUNT)
+    target_update_period: int = _f(1, "soft-update every this many gradient steps", minimum=1)
+    initial_random_steps: int = _f(0, "env steps with uniformly random actions", minimum=0)
+    max_grad_norm: float | None = _f(None, "gradient clipping norm (null = off)",
+                                     range=_POSITIVE)
+
+
+@dataclass(frozen=True, kw_only=True)
 class PpoConfig(_Common):
     """PPO with the clipped surrogate objective (``algorithms.ppo``)."""
 
@@ -351,7 +388,8 @@ class RandomConfig(_Lists):
 
 CONFIGS: dict[str, type] = {
     c.__dataclass_fields__["name"].default: c
-    for c in (DqnConfig, SacConfig, PpoConfig, A2cConfig, DdpgConfig, Td3Config, RandomConfig)}
+    for c in (DqnConfig, SacConfig, QrsacConfig, PpoConfig, A2cConfig, DdpgConfig, Td3Config,
+              RandomConfig)}
 
 
 def config_class(name: str) -> type:

@@ -13,6 +13,7 @@ import importlib
 _ALGORITHMS: dict[str, tuple[str, str]] = {
     "dqn": ("algorithms.dqn", "DqnAlgorithm"),
     "sac": ("algorithms.sac", "SacAlgorithm"),
+    "qrsac": ("algorithms.qrsac", "QrsacAlgorithm"),
     "ppo": ("algorithms.ppo", "PPOAlgorithm"),
     "a2c": ("algorithms.actor_critic", "ActorCriticAlgorithm"),
     "ddpg": ("algorithms.ddpg", "DdpgAlgorithm"),

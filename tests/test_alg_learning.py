@@ -29,7 +29,7 @@ def _check(p: Preset, result):
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("key", ["dqn-CartPole-v1", "sac-Pendulum-v1"])
+@pytest.mark.parametrize("key", ["dqn-CartPole-v1", "sac-Pendulum-v1", "qrsac-Pendulum-v1"])
 def test_ci_learning(key):
     p = PRESETS[key]
     _check(p, run_preset(p, p.seed))

@@ -19,6 +19,7 @@ CASES = [
     ("dqn", {}, OBS, [DISCRETE]),
     ("dqn", {"encoder": "minatar_cnn"}, PIXELS, [DISCRETE]),
     ("sac", {}, OBS, [DISCRETE, BOX]),
+    ("qrsac", {}, OBS, [BOX]),
     ("ddpg", {}, OBS, [BOX]),
     ("td3", {}, OBS, [BOX]),
     ("ppo", {}, OBS, [DISCRETE, BOX]),

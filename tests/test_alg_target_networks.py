@@ -21,6 +21,7 @@ BATCH, WINDOW, OBS_DIM = 16, 2, 3
 ACTION_SPACES = {
     "dqn": gym.spaces.Discrete(3),
     "sac": gym.spaces.Box(-1, 1, (2,), np.float32),
+    "qrsac": gym.spaces.Box(-1, 1, (2,), np.float32),
     "ddpg": gym.spaces.Box(-1, 1, (2,), np.float32),
     "td3": gym.spaces.Box(-1, 1, (2,), np.float32),
     "ppo": gym.spaces.Discrete(3),
