@@ -26,11 +26,13 @@ SMALL = {
     "a2c": A2cConfig(actor_fc_layer_params=[8], value_fc_layer_params=[8]),
     "ddpg": DdpgConfig(actor_fc_layer_params=[8], critic_fc_layer_params=[8]),
     "td3": Td3Config(actor_fc_layer_params=[8], critic_fc_layer_params=[8]),
+    "qrsac": configs.QrsacConfig(actor_fc_layer_params=[8], critic_fc_layer_params=[8],
+                                 num_quantiles=5),
 }
 CASES = [("dqn", CARTPOLE_OBS, DISCRETE), ("sac", PENDULUM_OBS, BOX),
          ("sac", CARTPOLE_OBS, DISCRETE), ("ppo", CARTPOLE_OBS, DISCRETE),
          ("ppo", PENDULUM_OBS, BOX), ("a2c", CARTPOLE_OBS, DISCRETE), ("a2c", PENDULUM_OBS, BOX),
-         ("ddpg", PENDULUM_OBS, BOX), ("td3", PENDULUM_OBS, BOX)]
+         ("ddpg", PENDULUM_OBS, BOX), ("td3", PENDULUM_OBS, BOX), ("qrsac", PENDULUM_OBS, BOX)]
 IDS = [f"{n}-{'discrete' if isinstance(a, gym.spaces.Discrete) else 'box'}" for n, _, a in CASES]
 
 
@@ -231,8 +233,13 @@ def test_make_rejects_unknown_hyperparameter():
         algorithms.make(configs.parse({"name": "nope"}), CARTPOLE_OBS, DISCRETE)
 
 
+def test_every_registered_algorithm_keeps_the_contract():
+    """The checks above run on every registered algorithm: a new one must be given a case."""
+    assert {name for name, _, _ in CASES} == set(algorithms.algorithm_names())
+
+
 def test_registry_names_and_td3_defaults():
-    assert algorithms.algorithm_names() == ["a2c", "ddpg", "dqn", "ppo", "sac", "td3"]
+    assert {"a2c", "ddpg", "dqn", "ppo", "sac", "td3"} <= set(algorithms.algorithm_names())
     td3 = algorithms.make(SMALL["td3"], PENDULUM_OBS, BOX)
     assert td3.critic_networks.mlp.num_replicas == 2
     assert td3.actor_update_period == 2 and td3.target_policy_noise == 0.2

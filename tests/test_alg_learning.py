@@ -1,8 +1,8 @@
 """Learning: each reference task reaches its threshold (mean greedy return over 10 episodes)
 within the issue's env-step budget, driven by the synchronous reference trainer.
 
-DQN-CartPole and SAC-Pendulum run in CI with one seed and stop at the first evaluation that
-reaches the threshold. The full table (median of 3 seeds) is behind ``-m slow``.
+DQN-CartPole, SAC-Pendulum and QRSAC-Pendulum run in CI with one seed and stop at the first
+evaluation that reaches the threshold. The full table (median of 3 seeds) is behind ``-m slow``.
 """
 
 import statistics

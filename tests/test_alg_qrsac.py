@@ -1,6 +1,6 @@
 """QR-SAC: the quantile Huber loss, the target and the risk measures against numbers worked by
-hand, the algorithm's target and actor terms through stub networks, and the contract the
-pipeline relies on (``tests/test_alg_interface.py``'s checks, run on QR-SAC)."""
+hand, and the algorithm's target and actor terms through stub networks (the contract every
+algorithm keeps is checked for QR-SAC with the others, in ``tests/test_alg_interface.py``)."""
 
 import math
 
@@ -174,23 +174,6 @@ def test_critic_loss_sums_the_replicas_and_masks_last_rows():
 def test_discrete_actions_are_refused_with_the_reason():
     with pytest.raises(ValueError, match="qrsac takes a Box action space"):
         algorithms.make(QrsacConfig(), OBS, gym.spaces.Discrete(3))
-
-
-# ----- the contract of every algorithm --------------------------------------------------------
-CONTRACT = [contract.test_step_interface, contract.test_train_on_returns_metrics_and_priorities,
-            contract.test_metrics_read_later_are_those_of_their_update,
-            contract.test_importance_weights_scale_the_update,
-            contract.test_policy_state_dict_round_trip,
-            contract.test_packed_policy_params_cross_the_wire_exactly,
-            contract.test_checkpoint_restores_exactly]
-
-
-@pytest.mark.parametrize("check", CONTRACT, ids=[c.__name__ for c in CONTRACT])
-def test_the_interface_contract(check, monkeypatch):
-    torch.manual_seed(0)
-    monkeypatch.setitem(contract.SMALL, "qrsac", QrsacConfig(
-        actor_fc_layer_params=[8], critic_fc_layer_params=[8], num_quantiles=5))
-    check("qrsac", contract.PENDULUM_OBS, contract.BOX)
 
 
 def test_cvar_trains_and_bfloat16_runs():
