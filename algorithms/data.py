@@ -92,8 +92,15 @@ class Experience(NamedTuple):
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Experience:
+        """The inverse of :meth:`to_dict`. A key that is neither a field nor
+        ``rollout_info.<key>`` is an error, never dropped unsaid (the learner sets the replay
+        store's ``nstep.*``/``episode.*`` extras apart before, and says so)."""
         info = {k[len("rollout_info."):]: v for k, v in d.items() if k.startswith("rollout_info.")}
         fields = {f: d[f] for f in cls._fields if f in d and f != "rollout_info"}
+        unknown = sorted(set(d) - set(fields) - {f"rollout_info.{k}" for k in info})
+        if unknown:
+            raise KeyError(f"Experience has no field {', '.join(map(repr, unknown))} (fields: "
+                           f"{', '.join(cls._fields)}, rollout_info.<key>)")
         return cls(**fields, rollout_info=info)
 
     def map(self, fn) -> Experience:

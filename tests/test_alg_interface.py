@@ -256,6 +256,8 @@ def test_experience_dict_round_trip():
     back = Experience.from_dict(d)
     assert set(back.rollout_info) == {"log_prob"}
     assert back.time_step.observation.shape == (2, 3)
+    with pytest.raises(KeyError, match="no field 'nstep.return'"):  # never dropped unsaid
+        Experience.from_dict({**d, "nstep.return": np.zeros(2)})
 
 
 @pytest.mark.gpu
