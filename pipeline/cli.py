@@ -38,14 +38,10 @@ def main(argv: list[str]) -> int:
             die_with_parent(int(os.environ[PARENT_ENV]))
 
         return process_main(argv[1], argv[2] if len(argv) > 2 else None)
-    if argv and argv[0] not in COMMANDS and argv[0] not in _EXTRA and \
-            not argv[0].startswith("-"):
-        argv = ["run", *argv]  # `python run.py graph.yaml` is the main form
-    parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        args = parse_args(argv)
         if args.command is None:
-            parser.print_help()
+            _parser().print_help()
             return EXIT_USAGE
         return args.func(args)
     except UsageError as exc:
@@ -75,8 +71,33 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """``argv`` as ``run.py`` reads it (``run.py GRAPH ...`` is ``run.py run GRAPH ...``);
+    a mistake raises :class:`UsageError`."""
+    if argv and argv[0] not in COMMANDS and argv[0] not in _EXTRA and \
+            not argv[0].startswith("-"):
+        argv = ["run", *argv]  # `python run.py graph.yaml` is the main form
+    return _parser().parse_args(argv)
+
+
+# Shown by `run.py --help`; tests/test_docs_examples.py parses every line and runs the check.
+EXAMPLES = """\
+examples:
+  run.py graphs/dqn_cartpole.yaml                       train: a progress line, then a summary
+  run.py graphs/dqn_cartpole.yaml --set agent.algorithm.learning_rate=0.001 --seed 1
+  run.py check graphs/dqn_cartpole.yaml                 check a graph; start nothing
+  run.py status runs/dqn_cartpole/<time>                per-node state, or a finished run's end
+  run.py monitor runs/dqn_cartpole/<time> --topic metrics   print a topic's messages
+  run.py stop runs/dqn_cartpole/<time>                  stop it (as Ctrl-C does)
+  run.py run --resume runs/dqn_cartpole/<time>          continue from its newest checkpoint
+  run.py plot runs/dqn_cartpole/<time>                  returns against env steps and time
+
+User mistakes print one line and exit 2; a run that fails exits 1 (docs/operations.md)."""
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="run.py", description="Conduit: RL training as a graph of processes.")
+    p = _Parser(prog="run.py", description="Conduit: RL training as a graph of processes.",
+                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     r = sub.add_parser("run", help="run a graph (also: run.py GRAPH)")
@@ -386,7 +407,7 @@ async def _progress(sup) -> None:
     ticks = 0
     while True:
         await asyncio.sleep(PROGRESS_S)  # a display period
-        line = progress.line(await sup.status())
+        line = progress.line(await sup.status(), ending=sup.ended_by is not None)
         ticks += 1
         if tty:
             try:

@@ -140,7 +140,8 @@ def describe(msg) -> str:
 #   env_steps_target  the run's budget of env steps (the learner's num_env_steps): % and ETA
 #   eval_return       the latest evaluation's return
 #   best_return       the best evaluation's return, with best_dir: where its policy is kept
-#   reached           in a finished node's summary: the value that met its threshold
+#   reached           in a finished node's summary: the value that met its threshold (its
+#                     latest evaluation, which a last status may not have carried)
 
 WIDTH = 79  # the progress line fits an 80-column terminal
 
@@ -158,7 +159,7 @@ def figures(status: dict) -> dict:
             if value is not None and (out[key] is None or value > out[key]):
                 out[key] = int(value)
         if out["eval_return"] is None:
-            out["eval_return"] = _finite(st.get("eval_return"))
+            out["eval_return"] = _finite(st.get("reached", st.get("eval_return")))
         best = _finite(st.get("best_return"))
         if best is not None and (out["best_return"] is None or best > out["best_return"]):
             out["best_return"], out["best_dir"] = best, st.get("best_dir")
@@ -171,7 +172,8 @@ class Progress:
     """The progress line, one call of :meth:`line` per refresh: elapsed time, env steps of
     the budget, env steps/s (over the last ``WINDOW_S``), the ETA (the budget's at this rate,
     or when ``duration_s`` ends the run if that comes first), the latest and best eval
-    return, and any node that is not running. Per-node details are ``run.py monitor``'s."""
+    return, and any node that is not running (``stopping`` once the run ends). Per-node
+    details are ``run.py monitor``'s."""
 
     WINDOW_S = 10.0
 
@@ -179,11 +181,16 @@ class Progress:
         self.duration_s = duration_s
         self.samples: collections.deque = collections.deque()  # (uptime_s, env_steps)
 
-    def line(self, status: dict) -> str:
+    def line(self, status: dict, ending: bool = False) -> str:
+        """``ending``: the run is being stopped (its nodes stop one wave after another)."""
         up = float(status["uptime_s"])
         fig = figures(status)
         parts = [f"[{clock(up)}]"]
         steps, target = fig["env_steps"], fig["env_steps_target"]
+        if steps is None and fig["eval_return"] is None:
+            if target is None:  # a graph without env steps (the demo): its nodes' numbers
+                return f"{parts[0]} {_nodes_numbers(status)}"
+            steps = 0  # the budget is known, no step taken yet
         rate = None
         if steps is not None:
             self.samples.append((up, steps))
@@ -206,15 +213,10 @@ class Progress:
         line = " ".join(parts)
         if fig["eval_return"] is not None:
             line += f" | eval {ret(fig['eval_return'])} best {ret(fig['best_return'])}"
-        elif steps is not None:
-            line += " | eval -"
-        if steps is None and fig["eval_return"] is None:
-            line += " " + _nodes_numbers(status)  # a graph without env steps: its numbers
         else:
-            trouble = _not_running(status)
-            if trouble:
-                line += f" | {trouble}"
-        return line
+            line += " | eval -"
+        trouble = "stopping" if ending else _not_running(status)
+        return f"{line} | {trouble}" if trouble else line
 
 
 def _not_running(status: dict) -> str:

@@ -86,6 +86,20 @@ def test_the_widest_figures_still_fit_and_a_node_not_running_is_named():
     assert len(line.rsplit(" | ", 1)[0]) <= WIDTH
 
 
+def test_a_budget_before_the_first_step_and_the_end_of_a_run():
+    progress = Progress()
+    nodes = {"learner.0": ("running", {"env_steps_target": 50_000}),
+             "env_runner.0": ("starting", {})}
+    assert progress.line(_status(1.0, nodes)) == \
+        "[0:01] steps 0/50k 0% -/s ETA - | eval - | env_runner.0 starting"
+    # A finished evaluator's result says what it reached: its latest evaluation, newer than
+    # the eval_return of its last status.
+    nodes = _rl_nodes(25_000, 122.9, 300.0)
+    nodes["evaluator.0"][1].update(reached=493.3, best_return=493.3)
+    line = progress.line(_status(11.0, nodes), ending=True)
+    assert line.endswith(" | eval 493.3 best 493.3 | stopping"), line
+
+
 def test_a_graph_without_env_steps_shows_its_nodes_numbers():
     line = Progress().line(_status(3.0, {"source.0": ("running", {"sent": 12_000}),
                                          "sink.0": ("running", {"received": 11_000})}))
