@@ -411,9 +411,10 @@ async def _progress(sup) -> None:
         ticks += 1
         if tty:
             try:
-                width = min(WIDTH, os.get_terminal_size(sys.stderr.fileno()).columns - 1)
+                columns = os.get_terminal_size(sys.stderr.fileno()).columns
             except OSError:
-                width = WIDTH
+                columns = 0
+            width = min(WIDTH, columns - 1) if columns > 1 else WIDTH  # 0: size unknown
             print("\r" + line[:width].ljust(width), end="", file=sys.stderr, flush=True)
         elif ticks % PROGRESS_LOG_EVERY == 0:
             print(line[:WIDTH], file=sys.stderr, flush=True)
