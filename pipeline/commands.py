@@ -19,7 +19,8 @@ import yaml
 
 import typedconfig as configlib
 from pipeline import kinds
-from pipeline.graph import MAX_REPLICAS, Graph, resolve_kind
+from pipeline.graph import Graph, resolve_kind
+from pipeline.graphnodes import MAX_REPLICAS
 from pipeline.messages import ControlReply
 from pipeline.watcher import RunFailed, Watcher, WatcherHost
 
