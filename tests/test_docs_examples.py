@@ -252,9 +252,12 @@ def test_the_one_machine_ray_recipe_runs_on_two_cores(tmp_path):
 
 def test_no_install_hint_names_the_unrelated_conduit_package():
     """`conduit` on the package index is another project: an extra installs from the checkout,
-    `pip install -e '.[extra]'`. The docs and the help texts say so."""
+    `pip install -e '.[extra]'`. The docs, the help texts and the code's errors say so."""
     texts = dict(_help_texts())
-    for doc in DOCS:
+    sources = [os.path.join(package, f) for package in ("pipeline", "nodes", "algorithms",
+                                                        "storage", "algorithms/envs")
+               for f in os.listdir(os.path.join(ROOT, package)) if f.endswith(".py")]
+    for doc in [*DOCS, *sources]:  # the errors that name a missing extra, too
         with open(os.path.join(ROOT, doc)) as f:
             texts[doc] = f.read()
     offenders = [f"{where}: {line.strip()}" for where, text in texts.items()

@@ -41,7 +41,7 @@ def test_a_missing_extra_is_named(monkeypatch, env_id, extra):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name in ("ale_py", "minatar") else real(name, *a))
     with pytest.raises(ValueError, match=rf"needs the \[{extra}\] extra: pip install "
-                                         rf"'conduit\[{extra}\]'"):
+                                         rf"-e '\.\[{extra}\]'"):
         check_env_id(env_id, {})
 
 

@@ -64,7 +64,7 @@ def check_env_id(env_id: str, env_kwargs: dict | None = None) -> None:
         minatar.options(env_kwargs)
         if not minatar.installed():
             raise ValueError(f"{env_id} needs the [{minatar.EXTRA}] extra: "
-                             f"pip install 'conduit[{minatar.EXTRA}]'")
+                             f"pip install -e '.[{minatar.EXTRA}]'")
     else:
         try:
             gym.spec(env_id)

@@ -93,10 +93,10 @@ def check(env_id: str, opts: AtariOptions) -> None:
     game, _ = parse_id(env_id)
     if opts.backend == "envpool":
         if importlib.util.find_spec("envpool") is None:
-            raise ValueError(f"{env_id} with backend envpool needs EnvPool: pip install envpool")
+            raise ValueError(f"{env_id} with backend envpool needs EnvPool: pip install -e '.[envpool]'")
         return
     if importlib.util.find_spec("ale_py") is None:
-        raise ValueError(f"{env_id} needs the [{EXTRA}] extra: pip install 'conduit[{EXTRA}]'")
+        raise ValueError(f"{env_id} needs the [{EXTRA}] extra: pip install -e '.[{EXTRA}]'")
     from ale_py import roms
 
     if rom_name(game) not in roms.get_all_rom_ids():

@@ -41,8 +41,7 @@ def _ray():
     try:
         import ray
     except ImportError:
-        raise RuntimeError("run.launcher: ray needs the ray extra (pip install "
-                           "'conduit[ray]')") from None
+        raise RuntimeError("run.launcher: ray needs the ray extra (pip install -e '.[ray]')") from None
     return ray
 
 
