@@ -27,11 +27,10 @@ import time
 
 import zmq
 
-from pipeline import codec, curve, launchers, wiring
+from pipeline import codec, curve, launchers, teardown, wiring
 from pipeline.commands import COMMANDS
 from pipeline.forkserver import ForkServer
 from pipeline.graph import Graph
-from pipeline.ledger import reconcile
 from pipeline.messages import (
     ControlReply,
     ControlRequest,
@@ -46,12 +45,12 @@ from pipeline.messages import (
     Stop,
 )
 from pipeline.node import Launch
-from pipeline.sockets import SocketFactory, bind, remove_socket_dir, send_now, use_curve
+from pipeline.sockets import SocketFactory, bind, send_now, use_curve
+from pipeline.teardown import EXIT_NODE_FAILED, EXIT_OK
 from pipeline.watcher import Incarnation, RunFailed, Watcher
 
 log = logging.getLogger(__name__)
 
-EXIT_OK, EXIT_NODE_FAILED = 0, 1
 STOP_CONDITION = "stop condition"  # a run.stop_when node finished
 # A run that failed is stopped with this much grace per wave at most: nothing it would drain
 # or checkpoint can make it succeed, and a crash loop should end promptly.
@@ -111,7 +110,7 @@ class Supervisor:
     # --- endpoints --------------------------------------------------------------------------
 
     def _bind(self) -> None:
-        _remove_stale_socket_dir(os.path.join(self.run_dir, "endpoints.json"))
+        teardown.remove_stale_socket_dir(os.path.join(self.run_dir, "endpoints.json"))
         transport = self.graph.run.transport
         if transport == "tcp" and not self.graph.run.insecure:
             self.curve_publics = curve.ensure_keys(self.run_dir, self.graph.nodes)
@@ -126,7 +125,7 @@ class Supervisor:
         self.events_endpoint = bind(self.events, ev)
         info = {"control": self.control_endpoint, "events": self.events_endpoint,
                 "pid": os.getpid(), "graph": self.graph.name}
-        _write_json(os.path.join(self.run_dir, "endpoints.json"), info)
+        teardown.write_json(os.path.join(self.run_dir, "endpoints.json"), info)
         # Scripts and tests read this line to know they can send commands: no polling needed.
         print(f"control: {self.control_endpoint}", file=sys.stderr, flush=True)
 
@@ -520,67 +519,12 @@ class Supervisor:
                                 f"condition ({' or '.join(self.graph.run.stop_when)} finished)")
         finally:
             self.stopping = True
-            await self._cleanup(helpers)
+            await teardown.clean_up(self, helpers)
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
         if self.failure:
             return EXIT_NODE_FAILED
         return EXIT_OK
-
-    async def _cleanup(self, helpers: list) -> None:
-        """LIFO-style teardown where every step runs even if one before it failed, each error
-        is reported, and whatever happened no node process is left: the last step kills what
-        is still running."""
-
-        async def stop_helpers():
-            for helper in helpers:
-                helper.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
-
-        async def close_forkserver():
-            if self.forkserver is not None:
-                await self.forkserver.close()
-            await self.launcher.close()
-
-        steps = [("stop the nodes", self._stop_all),
-                 ("write summary.json", self._write_summary),
-                 ("stop its helpers", stop_helpers),
-                 ("close its sockets", _as_async(self.sockets.close_all)),
-                 ("close the fork server", close_forkserver),
-                 ("close events.jsonl", _as_async(self._events_file.close)),
-                 ("remove its socket directory", _as_async(
-                     lambda: remove_socket_dir(self.sock_dir)))]
-        for what, step in steps:
-            try:
-                await step()
-            except Exception as exc:  # noqa: BLE001 - report it, go on cleaning up
-                log.error("could not %s", what, exc_info=exc)
-                print(f"warning: the supervisor could not {what}: {type(exc).__name__}: {exc}",
-                      file=sys.stderr, flush=True)
-        self._kill_leftovers()
-
-    def _kill_leftovers(self) -> None:
-        for inc in list(self.incarnations.values()):
-            if inc.process is not None and inc.process.returncode is None:
-                log.error("%s still running at exit: SIGKILL", inc.launch.incarnation)
-                launchers.kill(inc.process)
-
-    async def _write_summary(self) -> None:
-        # What every node reported last (final summaries and bus counters), for users and
-        # tests to read after the run.
-        summary = await self.status()
-        summary["failure"] = self.failure
-        # Why the run ended (the end-of-run block and `status` of a finished run read it):
-        # reason is STOP_CONDITION, "duration", "stop requested", "signal SIGINT|SIGTERM" or
-        # "failure"; node, the stop_when replica that finished; the exit code run() returns.
-        summary["ended"] = {"reason": self.ended_by, "node": self.ended_node,
-                            "exit_code": EXIT_NODE_FAILED if self.failure else EXIT_OK,
-                            "duration_s": self.graph.run.duration_s,
-                            "on_duration": self.graph.run.on_duration,
-                            "stop_when": list(self.graph.run.stop_when)}
-        summary["ledger"] = reconcile(self.run_dir)  # exactly-once over the run: see ledger.py
-        self.summary = summary
-        _write_json(os.path.join(self.run_dir, "summary.json"), summary)
 
     async def _start_all(self) -> None:
         starts = []
@@ -600,15 +544,6 @@ class Supervisor:
         if everything.done():
             everything.result()
 
-    async def _stop_all(self) -> None:
-        for wave in self.graph.stop_order():
-            await asyncio.gather(*(w.stop("run ending") for n in wave
-                                   for w in self.watchers[n]))
-        # Anything left (e.g. a replacement that was still starting) is killed outright.
-        for inc in list(self.incarnations.values()):
-            await self.stop_incarnation(inc, "run ending")
-
-
 def _error(code: str, reason: str) -> ControlReply:
     """A failed command, as data: a one-line ``reason`` and a ``code`` a client can act on
     (``unknown_command``, ``bad_request``, ``unauthorized``, ``timeout``, ``run_failed``,
@@ -621,30 +556,3 @@ def _retrieve(task: asyncio.Future) -> None:
     not report it as never retrieved (the reply already said it timed out)."""
     if not task.cancelled():
         task.exception()
-
-
-def _remove_stale_socket_dir(endpoints_json: str) -> None:
-    """The socket directory of an earlier run on this run directory that could not remove it
-    (killed with SIGKILL). Safe: we hold the run directory's lock, so that run is over."""
-    try:
-        with open(endpoints_json) as f:
-            control = json.load(f).get("control", "")
-    except (OSError, ValueError, AttributeError):
-        return
-    if isinstance(control, str) and control.startswith("ipc://"):
-        remove_socket_dir(os.path.dirname(control[len("ipc://"):]))
-
-
-def _as_async(fn):
-    async def call():
-        fn()
-
-    return call
-
-
-
-def _write_json(path: str, data: dict) -> None:
-    with open(path + ".tmp", "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(path + ".tmp", path)
-
