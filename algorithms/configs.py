@@ -172,10 +172,9 @@ class DqnConfig(_Common):
 
 
 @dataclass(frozen=True, kw_only=True)
-class SacConfig(_Common):
-    """Soft Actor-Critic, continuous or discrete actions (``algorithms.sac``)."""
+class _SoftActorCritic(_Common):
+    """The fields SAC and its variants share (ALF's names), declared once."""
 
-    name: Literal["sac"] = _f("sac", "algorithm name")
     actor_fc_layer_params: list[int] = _f([256, 256], "hidden sizes of the actor",
                                           range=_POSITIVE)
     critic_fc_layer_params: list[int] = _f([256, 256], "hidden sizes of each critic",
@@ -185,16 +184,10 @@ class SacConfig(_Common):
                                      range=_POSITIVE)
     alpha_learning_rate: float = _f(3e-4, "Adam learning rate of log_alpha", range=_POSITIVE)
     gamma: float = _f(0.99, "discount factor", range=_DISCOUNT)
-    mini_batch_length: int = _f(2, "replay window length T (2 = one-step targets)", minimum=2)
-    td_lambda: float = _f(0.95, "lambda of the critic target when mini_batch_length > 2",
-                          range=_UNIT)
-    td_error_loss_fn: Literal["huber", "squared"] = _f("squared", "TD error loss")
-    num_critic_replicas: int = _f(2, "number of critics; the target takes their minimum",
-                                  minimum=1)
+    num_critic_replicas: int = _f(2, "number of critics; the target takes their minimum (per "
+                                     "quantile in QR-SAC)", minimum=1)
     target_entropy: float | None = _f(None, "entropy target (null = -action_dim, or "
                                             "target_entropy_scale * log(n) for discrete)")
-    target_entropy_scale: float = _f(0.5, "discrete default target entropy factor",
-                                     range=_POSITIVE)
     initial_log_alpha: float = _f(0.0, "initial log_alpha")
     max_log_alpha: float | None = _f(None, "cap of log_alpha (null = no cap)")
     use_entropy_reward: bool = _f(True, "include -alpha * log pi in the target value")
@@ -204,25 +197,29 @@ class SacConfig(_Common):
     initial_random_steps: int = _f(0, "env steps with uniformly random actions", minimum=0)
     max_grad_norm: float | None = _f(None, "gradient clipping norm (null = off)",
                                      range=_POSITIVE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SacConfig(_SoftActorCritic):
+    """Soft Actor-Critic, continuous or discrete actions (``algorithms.sac``)."""
+
+    name: Literal["sac"] = _f("sac", "algorithm name")
+    mini_batch_length: int = _f(2, "replay window length T (2 = one-step targets)", minimum=2)
+    td_lambda: float = _f(0.95, "lambda of the critic target when mini_batch_length > 2",
+                          range=_UNIT)
+    td_error_loss_fn: Literal["huber", "squared"] = _f("squared", "TD error loss")
+    target_entropy_scale: float = _f(0.5, "discrete default target entropy factor",
+                                     range=_POSITIVE)
     parallel_update: bool = _f(False, "run the actor's and the critics' halves of an update "
                                       "on two threads (continuous actions, learner "
                                       "num_threads 1; the same update)")
 
 
 @dataclass(frozen=True, kw_only=True)
-class QrsacConfig(_Common):
+class QrsacConfig(_SoftActorCritic):
     """SAC with quantile-regression critics, continuous actions (``algorithms.qrsac``)."""
 
     name: Literal["qrsac"] = _f("qrsac", "algorithm name")
-    actor_fc_layer_params: list[int] = _f([256, 256], "hidden sizes of the actor",
-                                          range=_POSITIVE)
-    critic_fc_layer_params: list[int] = _f([256, 256], "hidden sizes of each critic",
-                                           range=_POSITIVE)
-    actor_learning_rate: float = _f(3e-4, "Adam learning rate of the actor", range=_POSITIVE)
-    critic_learning_rate: float = _f(3e-4, "Adam learning rate of the critics",
-                                     range=_POSITIVE)
-    alpha_learning_rate: float = _f(3e-4, "Adam learning rate of log_alpha", range=_POSITIVE)
-    gamma: float = _f(0.99, "discount factor", range=_DISCOUNT)
     num_quantiles: int = _f(50, "quantiles each critic outputs, at fractions (2i+1)/(2N)",
                             minimum=1)
     huber_kappa: float = _f(1.0, "kappa of the quantile Huber loss", range=_POSITIVE)
@@ -232,18 +229,6 @@ class QrsacConfig(_Common):
                                                        "mean (risk-neutral) or cvar")
     risk_level: float = _f(0.25, "cvar's alpha: the mean of the lowest ceil(alpha * N) "
                                  "quantiles", range=_DISCOUNT)
-    num_critic_replicas: int = _f(2, "number of critics; targets and actor take their "
-                                     "minimum per quantile", minimum=1)
-    target_entropy: float | None = _f(None, "entropy target (null = -action_dim)")
-    initial_log_alpha: float = _f(0.0, "initial log_alpha")
-    max_log_alpha: float | None = _f(None, "cap of log_alpha (null = no cap)")
-    use_entropy_reward: bool = _f(True, "include -alpha * log pi in the target quantiles")
-    target_update_tau: float = _f(0.005, "soft-update factor of the target critics",
-                                  range=_DISCOUNT)
-    target_update_period: int = _f(1, "soft-update every this many gradient steps", minimum=1)
-    initial_random_steps: int = _f(0, "env steps with uniformly random actions", minimum=0)
-    max_grad_norm: float | None = _f(None, "gradient clipping norm (null = off)",
-                                     range=_POSITIVE)
 
 
 @dataclass(frozen=True, kw_only=True)
