@@ -110,6 +110,9 @@ class _Group:
     rotation: itertools.count = field(default_factory=itertools.count)
     declared: bool = True  # the graph says this group consumes the topic
     empty_since: float | None = None  # an undeclared group without members, since when
+    # A member has joined once: a group without members now has left (a learner at its
+    # budget), not yet come (a consumer still starting, which must get what was held for it).
+    joined: bool = False
 
     def pending(self) -> int:
         return len(self.backlog) + sum(len(m.inflight) for m in self.members.values())
@@ -267,17 +270,17 @@ class ReliablePublisher:
         self.stats.depth = max([len(backlog) for backlog, _ in self._backlogs], default=0)
 
     def pending(self, present_only: bool = False) -> int:
-        """Messages some group has not acknowledged; ``present_only``: only groups with a
-        consumer connected now."""
+        """Messages some group has not acknowledged; ``present_only``: not those of groups
+        whose consumers all left (a declared group that has not joined yet still counts)."""
         self.release_held()
         return sum(g.pending() for g in self.groups.values()
-                   if g.members or not present_only)
+                   if g.members or not present_only or (g.declared and not g.joined))
 
     async def flush(self, timeout: float | None = None, present_only: bool = False) -> bool:
         """Wait until every group has acknowledged everything; False on timeout.
 
-        ``present_only``: wait only for the groups that have a consumer connected, also as
-        consumers leave. The unroller's final flush: a learner that finished its budget has
+        ``present_only``: wait only for the groups that have a consumer connected or are
+        declared and still to join, also as consumers leave. The unroller's final flush: a learner that finished its budget has
         left for good, and what it did not take would otherwise hold the final checkpoint
         until the supervisor kills the checkpointer."""
         self.release_held()
@@ -396,6 +399,7 @@ class ReliablePublisher:
             member = _Member(routing_id, msg.instance, msg.credit, msg.credit_bytes,
                              last_seen=time.monotonic())
             group.members[routing_id] = member
+            group.joined = True
             group.empty_since = None
             self._by_id[routing_id] = (group, member)
             log.info("%s: %s joined %s as group %s", self.context.instance, msg.instance,

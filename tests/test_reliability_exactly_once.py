@@ -65,3 +65,16 @@ def test_kill_9_of_the_sink_goes_on_counting_from_its_state(live):
     result, run = _kill_during_run(live, "sink", n, 20_000)
     _assert_exactly_once(result, n)
     assert result["incarnations"] == 2, result  # the second one restored the first one's state
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [1, 1000])  # at most the topic's hwm: all of it held at once
+def test_a_producer_done_before_its_consumers_joined_loses_nothing(live, n):
+    """The source sends everything and finishes before the transformer (or the sink) has
+    joined: what it holds for a declared group that has not joined yet is delivered, not
+    taken for the leftovers of consumers that are gone (the run used to wait for its
+    duration, the records held by an exited source)."""
+    run = live(f"nodes.source.config.count={n}", f"nodes.sink.config.expected={n}",
+               "run.duration_s=90")
+    assert run.finish(100) == 0, run.stderr
+    _assert_exactly_once(run.result(), n)
