@@ -18,9 +18,9 @@ from tests.pipeline_harness import ROOT
 from tests.test_policy_load import AGENTS, make_run
 
 
-def returns_by_hand(policy, episodes: int, seed: int) -> list[float]:
-    """The same episodes on a plain Gymnasium env (what the env factory makes for CartPole)."""
-    env = gym.make("CartPole-v1")
+def episode_returns(policy, env, episodes: int, seed: int) -> list[float]:
+    """``episodes`` episodes one after another on ``env``, the first reset with ``seed``, as
+    ``run.py play`` plays them."""
     out = []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed if episode == 0 else None)
@@ -33,6 +33,11 @@ def returns_by_hand(policy, episodes: int, seed: int) -> list[float]:
             action, state = policy.act(obs, state)
         out.append(total)
     return out
+
+
+def returns_by_hand(policy, episodes: int, seed: int) -> list[float]:
+    """The same episodes on a plain Gymnasium env (what the env factory makes for CartPole)."""
+    return episode_returns(policy, gym.make("CartPole-v1"), episodes, seed)
 
 
 def test_run_py_play_prints_each_return_and_the_mean(tmp_path):

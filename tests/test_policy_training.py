@@ -15,6 +15,7 @@ from algorithms.steps import StepType, VectorEnvStepper, make_vector_env
 from conduit import load_policy
 from nodes.evaluator import BEST, INFO_FILE, REACHED, Config
 from tests.test_graphs_training import graph, learned
+from tests.test_policy_commands import episode_returns
 
 THRESHOLD = 475
 
@@ -41,19 +42,10 @@ def evaluate_policy(policy, num_episodes: int, seed: int) -> float:
 def play(policy, episodes: int, seed: int) -> list[float]:
     """Episodes one after another, as ``run.py play`` plays them."""
     env = policy.make_env()
-    returns = []
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=seed if episode == 0 else None)
-        action, state = policy.act(obs)
-        total, done = 0.0, False
-        while not done:
-            obs, reward, terminated, truncated, _ = env.step(action)
-            total += reward
-            done = terminated or truncated
-            action, state = policy.act(obs, state)
-        returns.append(total)
-    env.close()
-    return returns
+    try:
+        return episode_returns(policy, env, episodes, seed)
+    finally:
+        env.close()
 
 
 @pytest.mark.timeout(1200)

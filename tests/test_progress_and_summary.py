@@ -21,6 +21,7 @@ import pytest
 
 from pipeline.monitor import WIDTH, Progress, format_summary
 from tests.pipeline_harness import ROOT, LiveRun, idle_demo_graph
+from tests.test_pipeline_processes import CRASH_LOOP as PROCESS_CRASH_LOOP
 
 # --- the progress line, from statuses as the supervisor reports them ----------------------------
 
@@ -308,20 +309,8 @@ def test_a_stop_asked_for_is_said_so(tmp_path, how, headline):
     assert _block(run.stderr)[0] == headline, run.stderr
 
 
-CRASH_LOOP = """
-name: crash_loop
-topics:
-  numbers: {delivery: reliable}
-nodes:
-  source:
-    kind: demo_source
-    config: {count: 0}
-    publishes: [numbers]
-  broken:
-    kind: "tests.crashing_node:run"
-    subscribes: [numbers]
-    restart: {policy: always, max_failures: 2, window_s: 60, backoff_s: 0.1}
-"""
+# The crash-looping graph of the process tests, given up after two failures here.
+CRASH_LOOP = PROCESS_CRASH_LOOP.replace("max_failures: 3", "max_failures: 2")
 
 
 @pytest.mark.timeout(120)
