@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from algorithms.base import RLAlgorithm
-from algorithms.configs import A2cConfig
+from algorithms.config_core import A2cConfig
 from algorithms.data import AlgStep, Experience, LossInfo, TimeStep
 from algorithms.losses import ActorCriticLoss
 from algorithms.networks import (

@@ -18,7 +18,7 @@ import copy
 import torch
 
 from algorithms.base import RLAlgorithm
-from algorithms.configs import DdpgConfig
+from algorithms.config_core import DdpgConfig
 from algorithms.data import AlgStep, Experience, LossInfo, StepType, TimeStep, to_tensor
 from algorithms.losses import TDLoss, critic_td_loss, one_step_window
 from algorithms.networks import ActorNetwork, ParallelCriticNetwork

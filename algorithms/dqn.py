@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 
 from algorithms.base import RLAlgorithm, _scalars
-from algorithms.configs import DqnConfig
+from algorithms.config_core import DqnConfig
 from algorithms.data import (
     AlgStep,
     Experience,

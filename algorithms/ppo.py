@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from algorithms.base import RLAlgorithm, _scalars
-from algorithms.configs import PpoConfig
+from algorithms.config_core import PpoConfig
 from algorithms.data import AlgStep, Experience, LossInfo, StepType, TimeStep, TrainResult
 from algorithms.losses import PPOLoss, advantages_and_returns
 from algorithms.networks import (

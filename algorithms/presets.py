@@ -7,10 +7,8 @@ given keep the config's defaults), ``trainer`` holds ``TrainerConfig`` fields.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
-from algorithms.configs import (
+from algorithms import presets_alf, presets_async, presets_offline
+from algorithms.config_core import (
     A2cConfig,
     DdpgConfig,
     DqnConfig,
@@ -19,32 +17,7 @@ from algorithms.configs import (
     SacConfig,
     Td3Config,
 )
-
-
-@dataclass(frozen=True)
-class Preset:
-    """One reference task.
-
-    env_id: Gymnasium id.
-    budget: env-step budget of the issue.
-    threshold: mean greedy return over 10 episodes to reach within the budget.
-    algorithm: the algorithm's config.
-    trainer: ``TrainerConfig`` fields.
-    seed: representative seed for the CI run.
-    """
-
-    env_id: str
-    budget: int
-    threshold: float
-    algorithm: Any
-    trainer: dict = field(default_factory=dict)
-    seed: int = 0
-
-    @property
-    def algo(self) -> str:
-        """The algorithm's registry name (its config's ``name``)."""
-        return self.algorithm.name
-
+from algorithms.preset_base import Preset
 
 PRESETS: dict[str, Preset] = {
     # RL Zoo's learning rate and a 4k-step epsilon decay: through the graph, twelve seeds
@@ -138,6 +111,8 @@ PRESETS: dict[str, Preset] = {
             td_loss_weight=0.5, normalize_advantages=True),
         trainer=dict(num_envs=8, unroll_length=8, eval_interval=10_000)),
 }
+for _family in (presets_async, presets_offline, presets_alf):
+    PRESETS.update(_family.PRESETS)
 
 
 def make_algorithm(p: Preset, seed: int, device="cpu"):

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from algorithms.base import RLAlgorithm
-from algorithms.configs import QrsacConfig
+from algorithms.config_core import QrsacConfig
 from algorithms.data import AlgStep, Experience, LossInfo, StepType
 from algorithms.encoders import make_encoder
 from algorithms.losses import alpha_loss

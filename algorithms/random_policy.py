@@ -6,7 +6,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from algorithms.configs import RandomConfig
+from algorithms.config_core import RandomConfig
 from algorithms.steps import TimeStep
 
 

@@ -1,37 +1,30 @@
-"""``make(config, observation_space, action_space, device)``: the one place that maps algorithm
-configs (:mod:`algorithms.configs`) to algorithm classes, and the one way to build an
-algorithm. A config comes from a graph (:func:`algorithms.configs.parse`) or from code
-(``DqnConfig(gamma=0.9)``); every class takes ``(observation_space, action_space, config,
-device)``.
+"""``make(config, observation_space, action_space, device)``: the one way to build an algorithm.
+
+A config (:mod:`algorithms.configs`) comes from a graph (:func:`algorithms.configs.parse`) or
+from code (``DqnConfig(gamma=0.9)``) and names its algorithm class in its ``algorithm`` class
+variable (``"module:Class"``), so adding an algorithm is adding its config to a family's
+``CONFIGS``; every class takes ``(observation_space, action_space, config, device)``.
 """
 
 from __future__ import annotations
 
 import importlib
 
-# name -> (module, class)
-_ALGORITHMS: dict[str, tuple[str, str]] = {
-    "dqn": ("algorithms.dqn", "DqnAlgorithm"),
-    "sac": ("algorithms.sac", "SacAlgorithm"),
-    "qrsac": ("algorithms.qrsac", "QrsacAlgorithm"),
-    "ppo": ("algorithms.ppo", "PPOAlgorithm"),
-    "a2c": ("algorithms.actor_critic", "ActorCriticAlgorithm"),
-    "ddpg": ("algorithms.ddpg", "DdpgAlgorithm"),
-    "td3": ("algorithms.ddpg", "DdpgAlgorithm"),
-    "random": ("algorithms.random_policy", "RandomPolicy"),
-}
-
 
 def algorithm_names() -> list[str]:
     """Names of the learning algorithms (``random`` is a config too, but learns nothing)."""
-    return sorted(n for n in _ALGORITHMS if n != "random")
+    from algorithms.configs import CONFIGS
+
+    return sorted(n for n in CONFIGS if n != "random")
 
 
 def algorithm_class(name: str):
-    try:
-        module, cls = _ALGORITHMS[name]
-    except KeyError:
-        raise ValueError(f"unknown algorithm {name!r}; known: {algorithm_names()}") from None
+    """The class that config ``name`` builds (imported on first use: it needs torch)."""
+    from algorithms.configs import CONFIGS
+
+    if name not in CONFIGS:
+        raise ValueError(f"unknown algorithm {name!r}; known: {algorithm_names()}")
+    module, cls = CONFIGS[name].algorithm.split(":")
     return getattr(importlib.import_module(module), cls)
 
 

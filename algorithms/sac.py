@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from algorithms.base import RLAlgorithm
-from algorithms.configs import SacConfig
+from algorithms.config_core import SacConfig
 from algorithms.data import AlgStep, Experience, LossInfo, TimeStep, TrainResult
 from algorithms.losses import (
     TDLoss,

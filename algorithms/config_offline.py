@@ -1,0 +1,10 @@
+"""Offline and hybrid RL: behaviour cloning and IQL, trained from datasets.
+
+Each config extends :class:`algorithms.config_base.AlgorithmConfig` (or a class of
+:mod:`algorithms.config_core`) and is listed in ``CONFIGS``; :mod:`algorithms.configs` gathers
+it into the table.
+"""
+
+from __future__ import annotations
+
+CONFIGS: tuple[type, ...] = ()
