@@ -12,11 +12,10 @@ import algorithms
 from algorithms import configs
 from algorithms.configs import A2cConfig, DdpgConfig, DqnConfig, PpoConfig, SacConfig, Td3Config
 from algorithms.data import Experience, StepType, TimeStep, make_experience
+from tests import alg_cases_alf, alg_cases_async, alg_cases_offline
+from tests.alg_spaces import BOX, CARTPOLE_OBS, DISCRETE, PENDULUM_OBS
 
-CARTPOLE_OBS = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
-PENDULUM_OBS = gym.spaces.Box(-8.0, 8.0, (3,), np.float32)
-DISCRETE = gym.spaces.Discrete(2)
-BOX = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+FAMILIES = (alg_cases_async, alg_cases_offline, alg_cases_alf)  # each family's own cases
 
 SMALL = {
     "dqn": DqnConfig(fc_layer_params=[8]),
@@ -29,10 +28,13 @@ SMALL = {
     "qrsac": configs.QrsacConfig(actor_fc_layer_params=[8], critic_fc_layer_params=[8],
                                  num_quantiles=5),
 }
+for _family in FAMILIES:
+    SMALL.update(_family.SMALL)
 CASES = [("dqn", CARTPOLE_OBS, DISCRETE), ("sac", PENDULUM_OBS, BOX),
          ("sac", CARTPOLE_OBS, DISCRETE), ("ppo", CARTPOLE_OBS, DISCRETE),
          ("ppo", PENDULUM_OBS, BOX), ("a2c", CARTPOLE_OBS, DISCRETE), ("a2c", PENDULUM_OBS, BOX),
          ("ddpg", PENDULUM_OBS, BOX), ("td3", PENDULUM_OBS, BOX), ("qrsac", PENDULUM_OBS, BOX)]
+CASES += [case for family in FAMILIES for case in family.CASES]
 IDS = [f"{n}-{'discrete' if isinstance(a, gym.spaces.Discrete) else 'box'}" for n, _, a in CASES]
 
 
