@@ -8,7 +8,11 @@ version that only grows. How many updates per environment step is the replay sto
 limiter's business (``samples_per_insert``), as in Reverb.
 
 On-policy: it trains on each ``[T + 1, B]`` unroll from ``trajectories`` and publishes new
-parameters after every one (the unroller bounds the policy lag).
+parameters after every one. It measures each unroll's policy lag (versions and updates behind,
+``lag/*`` metrics, ``policy_lag`` in the status; :mod:`nodes._lag`) and, with
+``max_policy_lag``, drops and counts unrolls older than that. Lock-step graphs bound the lag
+upstream (the unroller's ``max_unrolls_per_version``); asynchronous ones (IMPALA, APPO) train on
+whatever arrives and correct for the lag with V-trace.
 
 The run's env-step budget is counted here: at ``num_env_steps`` the learner finishes, which ends
 a graph that lists it in ``run.stop_when``.
@@ -47,6 +51,7 @@ from nodes._common import (
     start_state_server,
     to_torch,
 )
+from nodes._lag import PolicyLag
 from nodes._sharded_sample import ShardedBatch, ShardedSampler
 from nodes.messages import (
     HANDOVER,
@@ -84,6 +89,9 @@ class Config:
         "doc": "mini-batches fetched by one sample request (fewer round trips for small "
                "updates; each is trained on in turn)", "minimum": 1})
     metrics_interval_s: float = field(default=5.0, metadata={"doc": "metrics period"})
+    max_policy_lag: int | None = field(default=None, metadata={
+        "doc": "on-policy: drop (and count) unrolls collected by a policy more than this many "
+               "parameter versions old (null = train on every unroll)", "minimum": 0})
     request_timeout_s: float = field(default=120.0, metadata={"doc": "sample reply timeout"})
     seed: int = field(default=0, metadata={"doc": "torch seed"})
     num_threads: int = field(default=1, metadata={"doc": "torch threads"})
@@ -136,6 +144,7 @@ class Learner:
         self.env_steps = 0
         node.status["env_steps_target"] = config.num_env_steps  # the run's budget (progress, ETA)
         self.last_metrics: dict = {}
+        self.lag = PolicyLag(config.publish_params_every, config.max_policy_lag)
         self.probe = ProbeLog(node.status, config.agent.probe_observation)
         self._report_at = time.monotonic() + config.metrics_interval_s
         self._updates_at_report = 0
@@ -144,6 +153,7 @@ class Learner:
         self._wait_s = 0.0
 
     async def publish_params(self) -> None:
+        self.lag.on_publish(self.version, self.iteration)
         await self.params.send(Params(self.version, self.env_steps,
                                       self.alg.policy_params(), self.epoch))
         self.probe.record(self.alg, self.version)
@@ -166,8 +176,9 @@ class Learner:
                       "learner/train_ms_per_update": 1e3 * self._train_s / max(updates, 1),
                       "learner/wait_share": self._wait_s / period}
             self._train_s = self._wait_s = 0.0
+            lag = self.lag.report() if self.alg.on_policy else {}
             await self.metrics.send(Metrics(self.node.info.instance, self.env_steps, {
-                **metrics, **timing, "learner/iteration": self.iteration,
+                **metrics, **timing, **lag, "learner/iteration": self.iteration,
                 "learner/version": self.version}))
 
     def state(self) -> dict:
@@ -314,11 +325,22 @@ class Learner:
                      extras, self.config.agent.algorithm.name)
         return Experience.from_dict(to_torch(rows))
 
+    def admit(self, msg: Trajectory, sender: str) -> bool:
+        """Measure the unroll's policy lag; False when ``max_policy_lag`` drops it."""
+        rows = msg.versions[:-1] if msg.versions else None  # the last row only bootstraps
+        steps = len(rows) * len(msg.experience["step_type"][0]) if rows else 0
+        admitted = self.lag.admit(rows, self.version, self.iteration, steps,
+                                  f"{self.node.info.instance}: unroll from {sender}")
+        self.node.status.update(self.lag.status())
+        return admitted
+
     async def train_on_policy(self) -> None:
         trajectories = self.bus.subscriber("trajectories")
         async for envelope in trajectories:
             msg = envelope.message
             self.env_steps = max(self.env_steps, msg.env_steps)
+            if not self.admit(msg, envelope.sender):
+                continue
             started = time.perf_counter()
             result = self.alg.train_on(self.experience(msg.experience, envelope.sender))
             self._train_s += time.perf_counter() - started

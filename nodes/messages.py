@@ -43,11 +43,15 @@ class ExperienceBatch(Message):
 @message("rl.trajectory")
 class Trajectory(Message):
     """unroller -> learner (on-policy): a whole unroll ``[T + 1, B, ...]``; the last row
-    bootstraps this unroll and is the first row of the next."""
+    bootstraps this unroll and is the first row of the next. ``version``: the unroller's
+    newest parameters when it was sent; ``versions``: the version that acted at each of the
+    ``T + 1`` rows (an unroll spans versions when the unroller does not wait for the
+    learner), what the learner measures policy lag with (:mod:`nodes._lag`)."""
 
     experience: dict
     version: int
     env_steps: int
+    versions: list | None = None
 
 
 @message("rl.sample_request")

@@ -6,9 +6,12 @@ runner's actions, and publishes what was collected:
 
 * off-policy: every step as an ``ExperienceBatch`` on ``experience`` (time step ``t``, action
   ``t``, rollout info ``t``, global env ids);
-* on-policy: per runner, whole unrolls ``[unroll_length + 1, B]`` on ``trajectories``. Policy lag
-  is bounded: after ``max_unrolls_per_version`` unrolls collected with one parameter version it
-  waits for a newer one.
+* on-policy: per runner, whole unrolls ``[unroll_length + 1, B]`` on ``trajectories``, each row
+  stamped with the parameter version that acted (``Trajectory.versions``: the learner measures
+  policy lag with them, :mod:`nodes._lag`). Lock-step (PPO, A2C): after
+  ``max_unrolls_per_version`` unrolls collected with one parameter version it waits for a newer
+  one. Asynchronous (IMPALA, APPO): ``max_unrolls_per_version: 0`` never waits; the runners
+  keep stepping with whatever parameters are newest while the learner trains.
 
 A recurrent policy's state (PPO's ``rnn_size``) is kept here per environment, by runner and
 env id, and goes out with each step in ``rollout_info.state``, which training starts from.
@@ -58,7 +61,10 @@ log = logging.getLogger(__name__)
 class Config:
     agent: Agent = agent_field()
     unroll_length: int = field(default=8, metadata={"doc": "on-policy unroll length T"})
-    max_unrolls_per_version: int = field(default=1, metadata={"doc": "on-policy lag bound"})
+    max_unrolls_per_version: int = field(default=1, metadata={
+        "doc": "on-policy lag bound: unrolls collected with one parameter version before "
+               "waiting for a newer one (0 = never wait: asynchronous actor-learner, for "
+               "IMPALA and APPO)", "minimum": 0})
     max_batch_requests: int = field(default=64, metadata={"doc": "requests batched at most"})
     seed: int = field(default=0, metadata={"doc": "torch seed of the rollout policy"})
     params_timeout_s: float = field(default=300.0, metadata={"doc": "wait for parameters"})
@@ -102,6 +108,7 @@ class Unroller:
         # On-policy rows per env group: (runner, env_offset), as a runner with env_groups
         # sends each group's steps apart and each group's unroll must hold its own envs.
         self.rows: dict[tuple[str, int], list[dict]] = {}
+        self.row_versions: dict[tuple[str, int], list[int]] = {}  # the version of each row
         self.states: dict[str, object] = {}
         # A recurrent policy's state per environment, (runner, env id) -> [state]: the batch
         # of one act holds whichever runners asked, so each env's state is gathered and kept
@@ -148,7 +155,8 @@ class Unroller:
             self.load_params(newest)
 
     async def act(self, requests: list) -> None:
-        if self.on_policy and self.unrolls_at_version >= self.config.max_unrolls_per_version:
+        bound = self.config.max_unrolls_per_version
+        if self.on_policy and bound and self.unrolls_at_version >= bound:
             await self.wait_for_params()
         self.refresh_params()
         steps = [r.message for r in requests]
@@ -204,12 +212,16 @@ class Unroller:
 
     async def collect(self, group: tuple[str, int], row: dict) -> None:
         rows = self.rows.setdefault(group, [])
+        versions = self.row_versions.setdefault(group, [])
         rows.append(row)
+        versions.append(self.version)
         if len(rows) == self.config.unroll_length + 1:
             unroll = {k: np.stack([r[k] for r in rows]) for k in row}
-            await self.output.send(Trajectory(unroll, self.version, self.env_steps))
+            await self.output.send(Trajectory(unroll, self.version, self.env_steps,
+                                              list(versions)))
             self.unrolls_at_version += 1
             self.rows[group] = [row]  # the bootstrap row starts the next unroll
+            self.row_versions[group] = [versions[-1]]
 
     def state(self) -> dict:
         return {"algorithm": self.alg.checkpoint_state(), "env_steps": self.env_steps}

@@ -1,0 +1,83 @@
+"""Policy lag: measured per unroll by the learner, bounded by ``max_policy_lag`` (dropped and
+counted), 0 in a lock-step graph and above 0 in an asynchronous one (real processes)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from nodes._lag import PolicyLag
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_lag_in_versions_and_updates_per_row():
+    lag = PolicyLag(publish_params_every=2, max_policy_lag=None)
+    for version in range(6):
+        lag.on_publish(version, iteration=2 * version)
+    # Learner at version 5 (10 updates, 1 more since): rows acted by versions 3, 3, 4, 5.
+    behind, updates = lag.lag([3, 3, 4, 5], learner_version=5, iteration=11)
+    assert behind.tolist() == [2, 2, 1, 0]
+    assert updates.tolist() == [5, 5, 3, 1]
+    assert lag.admit([3, 3, 4, 5], 5, 11, env_steps=16, where="t")
+    report = lag.report()
+    assert report["lag/versions_min"] == 0 and report["lag/versions_max"] == 2
+    assert report["lag/versions_mean"] == 1.25 and report["lag/updates_max"] == 5
+    assert "lag/versions_mean" not in lag.report()  # a new period
+
+
+def test_a_batch_older_than_the_bound_is_dropped_and_counted():
+    lag = PolicyLag(publish_params_every=1, max_policy_lag=2)
+    assert lag.admit([8, 9], learner_version=10, iteration=10, env_steps=8, where="t")
+    assert not lag.admit([7, 9], learner_version=10, iteration=10, env_steps=8, where="t")
+    assert not lag.admit([1], learner_version=10, iteration=10, env_steps=4, where="t")
+    report = lag.report()
+    assert report["lag/dropped_batches"] == 2 and report["lag/dropped_env_steps"] == 12
+    assert report["lag/versions_max"] == 2  # only the admitted batch is measured
+    assert lag.status()["lag_dropped_batches"] == 2
+
+
+def test_a_learner_behind_its_data_counts_zero_and_unknown_versions_are_estimated():
+    lag = PolicyLag(publish_params_every=4, max_policy_lag=0)
+    behind, updates = lag.lag(np.array([12, 3]), learner_version=5, iteration=22)
+    assert behind.tolist() == [0, 2]  # restored from an older checkpoint: not negative
+    assert updates.tolist() == [0, 22 - 12]  # version 3 published after 3 * 4 updates
+    assert lag.admit(None, 5, 22, 0, "t")  # a producer without versions is not judged
+
+
+def _run(tmp_path, name: str, *sets: str) -> list[dict]:
+    run_dir = str(tmp_path / name)
+    cmd = [sys.executable, "run.py", "run", "graphs/ppo_cartpole.yaml", "--run-dir", run_dir,
+           "--set", "nodes.learner.config.num_env_steps=6000",
+           "--set", "nodes.learner.config.metrics_interval_s=0.01",
+           "--set", "nodes.evaluator.config.eval_interval=100000",
+           "--set", "nodes.unroller.config.unroll_length=16", *sum((["--set", s] for s in sets), [])]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def _figures(records: list[dict], key: str) -> list[float]:
+    out = []
+    for r in records:
+        values = r.get("metrics", r)
+        if key in values:
+            out.append(values[key])
+    return out
+
+
+def test_lock_step_has_no_lag_and_async_has_some_and_the_bound_drops(tmp_path):
+    lock_step = _run(tmp_path, "lock", "nodes.unroller.config.max_unrolls_per_version=1")
+    assert _figures(lock_step, "lag/versions_max"), "no lag figures in the learner's metrics"
+    # Lock-step: only the row an unroll continues from (the previous unroll's bootstrap row,
+    # acted before the learner trained on that unroll) is one version behind.
+    assert max(_figures(lock_step, "lag/versions_max")) == 1
+    assert max(_figures(lock_step, "lag/versions_mean")) <= 1 / 16 + 1e-9
+    assert max(_figures(lock_step, "lag/dropped_batches")) == 0
+    free = _run(tmp_path, "async", "nodes.unroller.config.max_unrolls_per_version=0",
+                "nodes.learner.config.max_policy_lag=1")
+    assert max(_figures(free, "lag/dropped_batches")) > 0
+    assert max(_figures(free, "lag/versions_max")) == 1  # what was trained on obeyed the bound
