@@ -1,10 +1,31 @@
 """ALF's wider family: OAC, TAAC and PPG.
 
-Each config extends :class:`algorithms.config_base.AlgorithmConfig` (or a class of
-:mod:`algorithms.config_core`) and is listed in ``CONFIGS``; :mod:`algorithms.configs` gathers
-it into the table.
+Each config extends a class of :mod:`algorithms.config_core` (OAC and TAAC SAC's, PPG PPO's),
+so a hyperparameter they share is declared once, and is listed in ``CONFIGS``;
+:mod:`algorithms.configs` gathers it into the table.
 """
 
 from __future__ import annotations
 
-CONFIGS: tuple[type, ...] = ()
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from algorithms.config_base import hp
+from algorithms.config_core import SacConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class OacConfig(SacConfig):
+    """Optimistic Actor-Critic: SAC whose rollout samples around a mean shifted up the
+    gradient of an upper bound of Q (``algorithms.oac``); continuous actions only."""
+
+    algorithm: ClassVar[str] = "algorithms.oac:OacAlgorithm"
+    name: Literal["oac"] = hp("oac", "algorithm name")
+    beta_ub: float = hp(4.6, "weight of the critics' spread in the upper bound "
+                             "Q_UB = mean_r Q_r + beta_ub * std_r Q_r", minimum=0.0)
+    explore_delta: float = hp(6.8, "how far the exploration mean moves: the KL between the "
+                                   "shifted and the policy's Gaussian is delta^2 / 2",
+                              minimum=0.0)
+
+
+CONFIGS: tuple[type, ...] = (OacConfig,)
