@@ -49,7 +49,7 @@ IPC_PATH_MAX = 107  # bytes in a unix socket path (sun_path, with its NUL)
 IPC_DIR_ROOM = 25
 IPC_NAME_ROOM = len(".00~000000..tap")
 RUN_KEYS = {"directory", "duration_s", "stop_when", "heartbeat_s", "heartbeat_timeout_s",
-            "grace_s", "transport", "ready_timeout_s", "interface", "insecure", "launcher",
+            "membership_timeout_s", "grace_s", "transport", "ready_timeout_s", "interface", "insecure", "launcher",
             "ray_address", "on_duration"}
 ON_DURATION = ("fail", "stop")
 LOOPBACK = ("127.0.0.1", "localhost", "lo", "::1")
@@ -272,7 +272,8 @@ def _validate_run(spec: dict, nodes: dict, lines: Lines) -> RunSpec:
         raise lines.error(("run", "transport"), f"must be ipc or tcp, got {transport!r}")
     directory = typed(spec.get("directory", "runs"), str, ("run", "directory"), lines)
     numbers = {k: typed(spec[k], float, ("run", k), lines, minimum=0.001)
-               for k in ("heartbeat_s", "heartbeat_timeout_s", "grace_s", "ready_timeout_s")
+               for k in ("heartbeat_s", "heartbeat_timeout_s", "membership_timeout_s", "grace_s",
+                         "ready_timeout_s")
                if k in spec}
     interface = typed(spec.get("interface", "127.0.0.1"), str, ("run", "interface"), lines)
     insecure = typed(spec.get("insecure", False), bool, ("run", "insecure"), lines)
@@ -297,6 +298,12 @@ def _validate_run(spec: dict, nodes: dict, lines: Lines) -> RunSpec:
         at = "heartbeat_timeout_s" if "heartbeat_timeout_s" in spec else "heartbeat_s"
         raise lines.error(("run", at), f"heartbeat_timeout_s ({run.heartbeat_timeout_s:g}) "
                           f"must be at least twice heartbeat_s ({run.heartbeat_s:g})")
+    if run.heartbeat_timeout_s >= run.membership_timeout_s:
+        # A stopped or hung node must be killed and restarted before its publishers evict
+        # it: otherwise they hand its messages to others while it may still wake and act.
+        at = "heartbeat_timeout_s" if "heartbeat_timeout_s" in spec else "membership_timeout_s"
+        raise lines.error(("run", at), f"heartbeat_timeout_s ({run.heartbeat_timeout_s:g}) "
+                          f"must be below membership_timeout_s ({run.membership_timeout_s:g})")
     if run.transport == "ipc":
         _check_ipc_paths(nodes, lines)
     return run

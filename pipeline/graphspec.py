@@ -65,6 +65,9 @@ class RunSpec:
     stop_when: tuple = ()
     heartbeat_s: float = 1.0
     heartbeat_timeout_s: float = 30.0
+    # Reliable topics drop a member silent this long (its messages go to the rest of its
+    # group); above heartbeat_timeout_s, so a stopped node is restarted before it is evicted.
+    membership_timeout_s: float = 60.0
     grace_s: float = 15.0
     transport: str = "ipc"
     ready_timeout_s: float = 120.0

@@ -240,6 +240,9 @@ class Join(Message):
     credit: int
     credit_bytes: int
     token: str = ""  # must equal the run's secret where the publisher has one
+    # A member that was evicted and joins again (told so by the publisher): the messages it
+    # still holds unacknowledged on this connection, which it acknowledges first, in order.
+    holding: int = 0
 
 
 @message("bus.credit")

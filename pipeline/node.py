@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 import zmq
 
 import typedconfig as configlib
-from pipeline import codec, gcpolicy, kinds
+from pipeline import codec, gcpolicy, kinds, reliable
 from pipeline.bus import Bus, TopicSpec
 from pipeline.ledger import Ledger
 from pipeline.messages import (
@@ -72,6 +72,7 @@ class Launch:
     peers: dict = field(default_factory=lambda: {"topics": {}, "services": {}})
     heartbeat_s: float = 1.0
     grace_s: float = 15.0
+    membership_timeout_s: float = 60.0  # reliable topics: a member silent this long is dropped
     resume: str | None = None  # checkpoint directory to restore from, if resuming
     subscribes: list = field(default_factory=list)
     calls: list | None = None  # services the graph entry lists; None: not checked
@@ -191,6 +192,7 @@ async def run_instance(launch: Launch, sockets: SocketFactory | None = None,
     they may register the kind, its message types or the environment it steps. A module that
     does not import, or a kind that does not resolve, fails the node with one line."""
     sockets = sockets or SocketFactory()
+    reliable.set_member_timeout(launch.membership_timeout_s)
     topics = {name: TopicSpec(**spec) for name, spec in launch.topics.items()}
     bus = Bus(launch.incarnation, launch.node, topics, launch.bind, launch.consumer_groups,
               sockets=sockets, subscriptions=tuple(launch.subscribes), replica=launch.replica,

@@ -55,6 +55,10 @@ BATCH_BYTES = 4 << 20  # a batch stops growing once its messages reach this many
 # slow consumer of large messages pins on both sides, and keeps it small enough to stay cached.
 WINDOW_BYTES = 32 << 20
 _LEAVE_ACK = b"A"
+# Publisher -> a peer it does not know (an evicted member): join again. The peer answers with a
+# Join carrying how many messages it still holds; the publisher answers that Join with _WELCOME.
+_REJOIN = b"R"
+_WELCOME = b"W"
 # A member (or an undeclared group without members) silent this long is dropped: its credit and
 # unacknowledged messages go back to its group, so a peer that joins and goes away cannot stall a
 # topic. Above the supervisor's default heartbeat timeout (30 s), so a live but blocked node is
@@ -62,6 +66,11 @@ _LEAVE_ACK = b"A"
 # (``Credit(acked=0)``) every KEEPALIVE_S.
 MEMBER_TIMEOUT_S = 60.0
 KEEPALIVE_S = 10.0
+# A node process sets both from the graph's run.membership_timeout_s (set_member_timeout);
+# tests set this variable to make a partition short (it wins over the graph: the load check
+# heartbeat_timeout_s < membership_timeout_s keeps a stopped node from being evicted).
+MEMBER_TIMEOUT_ENV = "CONDUIT_MEMBER_TIMEOUT_S"
+DROPPED_KEPT = 256  # evicted members remembered so they can rejoin where they were
 SECRET_ENV = "CONDUIT_RUN_SECRET"  # set by the supervisor for every node: Join must carry it
 ACK_DELAY_S = 0.002  # how long an idle subscriber may sit on credit below the batch size
 # How long a busy subscriber may sit on a connection's acknowledgements below the batch size: a
@@ -76,6 +85,15 @@ _CTRL = b"C"
 # processes at 64 KiB.
 
 
+def set_member_timeout(seconds: float) -> None:
+    """This process's membership timeout (``run.membership_timeout_s``, or the test override
+    in MEMBER_TIMEOUT_ENV), and a keepalive period well inside it."""
+    global MEMBER_TIMEOUT_S, KEEPALIVE_S
+    override = os.environ.get(MEMBER_TIMEOUT_ENV)
+    MEMBER_TIMEOUT_S = float(override) if override else float(seconds)
+    KEEPALIVE_S = min(10.0, MEMBER_TIMEOUT_S / 6)
+
+
 def _nbytes(frame) -> int:
     return frame.nbytes if type(frame) is not bytes else len(frame)
 
@@ -88,6 +106,21 @@ class _Msg:
     def __init__(self, seq: int, frames: list, remaining: int):
         self.seq, self.frames, self.remaining = seq, frames, remaining
         self.nbytes = sum(map(_nbytes, frames)) if len(frames) > 1 else len(frames[0])
+
+
+# What a rejoining member holds of a message another member took (or that it acknowledged
+# since): it acknowledges it like any other, and that changes nothing.
+_PLACEHOLDER = _Msg(0, [b""], 0)
+
+
+@dataclass
+class _Evicted:
+    """An evicted member, kept so it can rejoin with what it holds: ``held`` are the messages
+    it had when it was dropped (now back in its group's backlog), in delivery order."""
+
+    group: _Group
+    instance: str
+    held: collections.deque
 
 
 @dataclass
@@ -153,7 +186,9 @@ class ReliablePublisher:
         self._families = [[pair for _, pair in sorted(f)] for f in families.values()]
         self._plain = [(b, g) for b, g in self._backlogs if partition_of(g.name) is None]
         self._by_id: dict[bytes, tuple[_Group, _Member]] = {}
-        self.sock = context.sockets.make(zmq.ROUTER, hwm=0, router_mandatory=1)
+        # handover: a member's tcp connection that came back takes its routing id over.
+        self.sock = context.sockets.make(zmq.ROUTER, hwm=0, router_mandatory=1,
+                                         router_handover=1)
         self.endpoint = bind(self.sock, endpoint)
         # Every send and receive on sock: credits are handled as the loop sees them.
         self._channel = Channel(self.sock, self._on_message)
@@ -167,6 +202,10 @@ class ReliablePublisher:
         self.tap = Tap(context, tap_endpoint(endpoint))
         self._secret = os.environ.get(SECRET_ENV) or None
         self._reaper: asyncio.TimerHandle | None = None
+        self._reap_due = 0.0  # loop time the reaper should run at (see _reap)
+        # routing id -> _Evicted, oldest first, at most DROPPED_KEPT
+        self._evicted: collections.OrderedDict = collections.OrderedDict()
+        self._told: set[bytes] = set()  # unknown peers told to rejoin (logged once each)
 
     async def send(self, msg, key: int | None = None) -> None:
         """Queue ``msg`` for every group; wait while any group's queue is at its bound.
@@ -370,6 +409,9 @@ class ReliablePublisher:
         for routing_id, (_, member) in list(self._by_id.items()):
             if member is not None and member.instance in gone:
                 self._drop_member(routing_id)
+        for routing_id, evicted in list(self._evicted.items()):
+            if evicted.instance in gone:
+                del self._evicted[routing_id]
 
     def _send_ctrl(self, routing_id: bytes, tag: bytes, msg=None) -> None:
         frames = [routing_id, _CTRL + tag] + (codec.encode(msg) if msg else [])
@@ -391,6 +433,8 @@ class ReliablePublisher:
                 return
             if member is not None:  # a re-join on the same connection replaces the member
                 self._drop_member(routing_id)
+            rejoin = routing_id in self._told
+            self._told.discard(routing_id)
             group = self.groups.get(msg.group)
             if group is None:  # a group the graph did not declare
                 group = self.groups[msg.group] = _Group(msg.group, declared=False)
@@ -402,13 +446,24 @@ class ReliablePublisher:
             group.joined = True
             group.empty_since = None
             self._by_id[routing_id] = (group, member)
-            log.info("%s: %s joined %s as group %s", self.context.instance, msg.instance,
-                     self.topic, msg.group)
+            if msg.holding:
+                self._reattach(group, member, msg.holding)
+            log.info("%s: %s joined %s as group %s%s", self.context.instance, msg.instance,
+                     self.topic, msg.group, f" holding {msg.holding}" if msg.holding else "")
+            if rejoin:
+                self._send_ctrl(routing_id, _WELCOME)
             self._start_reaper()
             self._pump(group)
         elif member is None:
-            log.warning("%s: control %s from unknown peer on %s", self.context.instance,
-                        type(msg).__name__, self.topic)
+            # An evicted member that was not gone (stopped, or cut off, past the timeout): what
+            # it acknowledges since counts, and it is asked to join again with what it holds.
+            if isinstance(msg, Credit) and msg.acked:
+                self._late_acks(routing_id, msg.acked)
+            if routing_id not in self._told:
+                self._told.add(routing_id)
+                log.warning("%s: control %s from a peer that is not a member of %s; asking it "
+                            "to rejoin", self.context.instance, type(msg).__name__, self.topic)
+            self._send_ctrl(routing_id, _REJOIN)
         elif isinstance(msg, Credit):
             inflight, freed = member.inflight, 0
             acked = min(msg.acked, len(inflight))  # credit + in flight stays the window
@@ -426,22 +481,68 @@ class ReliablePublisher:
             self._send_ctrl(routing_id, _LEAVE_ACK, LeaveAck(self.topic))
             self._pump(group)
 
+    def _late_acks(self, routing_id: bytes, acked: int) -> None:
+        """Acknowledgements an evicted member sent after it was dropped: the messages it
+        handled are done for its group, unless another member took them meanwhile."""
+        evicted = self._evicted.get(routing_id)
+        if evicted is None:
+            return
+        backlog = evicted.group.backlog
+        for _ in range(min(acked, len(evicted.held))):
+            record = evicted.held.popleft()
+            if record in backlog:
+                backlog.remove(record)
+                record.remaining -= 1
+        self._advance()
+        self._update_depth()
+        self._notify_progress()
+
+    def _reattach(self, group: _Group, member: _Member, holding: int) -> None:
+        """A member joined again holding ``holding`` unacknowledged messages: give it back
+        those still waiting in the backlog (it handles them now, nobody else), and a
+        placeholder for each one another member took, so its acknowledgements, counted in
+        order, match what it holds. Unknown to us (forgotten): all placeholders."""
+        evicted = self._evicted.pop(member.routing_id, None)
+        held = evicted.held if evicted is not None and evicted.group is group else ()
+        for i in range(holding):
+            record = held[i] if i < len(held) else _PLACEHOLDER
+            if record is not _PLACEHOLDER and record in group.backlog:
+                group.backlog.remove(record)
+                member.credit_bytes -= record.nbytes
+            else:
+                record = _PLACEHOLDER
+            member.inflight.append(record)
+        member.credit -= holding
+        self.stats.rejoined += 1
+        self._update_depth()
+
     def _start_reaper(self) -> None:
         if self._reaper is None:
-            self._reaper = asyncio.get_running_loop().call_later(MEMBER_TIMEOUT_S / 4,
-                                                                 self._reap)
+            loop = asyncio.get_running_loop()
+            self._reap_due = loop.time() + MEMBER_TIMEOUT_S / 4
+            self._reaper = loop.call_at(self._reap_due, self._reap)
 
     def _reap(self) -> None:
         """Drop members silent for MEMBER_TIMEOUT_S, and undeclared groups left empty as long
-        (nobody would ever acknowledge what they hold)."""
+        (nobody would ever acknowledge what they hold).
+
+        Silence counts only while this process could listen: a reaper that runs late (the
+        process was stopped, a container paused, the loop blocked) gives every member the
+        time it was late, and what is queued is read first. Else a publisher woken after a
+        long stop would drop healthy members whose keepalives wait unread in its socket."""
         self._reaper = None
+        late = asyncio.get_running_loop().time() - self._reap_due
+        if late > 0:
+            for _, member in self._by_id.values():
+                member.last_seen += late
+        self._channel.drain()
         now = time.monotonic()
         for routing_id, (_, member) in list(self._by_id.items()):
             if now - member.last_seen > MEMBER_TIMEOUT_S:
                 self.stats.evicted += 1
                 log.warning("%s: %s silent on %s for %.0fs; dropping it", self.context.instance,
                             member.instance, self.topic, now - member.last_seen)
-                self._drop_member(routing_id)
+                self._drop_member(routing_id, remember=True)
         for group in list(self.groups.values()):
             if not group.declared and not group.members and group.empty_since is not None \
                     and now - group.empty_since > MEMBER_TIMEOUT_S:
@@ -462,11 +563,17 @@ class ReliablePublisher:
         self._update_depth()
         self._notify_progress()
 
-    def _drop_member(self, routing_id: bytes) -> None:
+    def _drop_member(self, routing_id: bytes, remember: bool = False) -> None:
+        """``remember``: the member may come back (evicted for silence), see _reattach."""
         group, member = self._by_id.pop(routing_id, (None, None))
         if member is None:
             return
         del group.members[routing_id]
+        if remember:
+            self._evicted[routing_id] = _Evicted(group, member.instance,
+                                                 collections.deque(member.inflight))
+            while len(self._evicted) > DROPPED_KEPT:
+                self._evicted.popitem(last=False)
         if not group.members and not group.declared:
             group.empty_since = time.monotonic()
         if member.inflight:

@@ -25,7 +25,9 @@ from pipeline.reliable import (
     _DATA,
     _HEAD,
     _LEAVE_ACK,
+    _REJOIN,
     _U64,
+    _WELCOME,
     SECRET_ENV,
 )
 from pipeline.topics import TopicStats
@@ -40,7 +42,10 @@ class _Connection:
 
     def __init__(self, sub: ReliableSubscriber, endpoint: str):
         self.sub, self.endpoint = sub, endpoint
-        self.sock = sub.context.sockets.make(zmq.DEALER, hwm=0)
+        # A routing id of our own: a tcp connection that breaks and comes back is the same
+        # member to the publisher (it takes the id over: ROUTER_HANDOVER), not a stranger.
+        self.sock = sub.context.sockets.make(zmq.DEALER, hwm=0,
+                                             routing_id=b"m" + os.urandom(11))
         self.sock.connect(endpoint)
         self._channel = Channel(self.sock, self._on_message)  # every send and receive on sock
         self.expected = 1
@@ -48,11 +53,32 @@ class _Connection:
         self.handled = 0  # of those, handed out by recv() and then asked past
         self.handled_bytes = 0  # their envelopes and array frames
         self.left = False
+        # False from a rejoin until the publisher confirms it took that Join (see _rejoin).
+        self.welcomed = True
         # The DEALER queues this until the connection is up: no handshake, no sleep.
+        self._join()
+
+    def _join(self) -> None:
+        sub = self.sub
         self.send_control(Join(sub.topic, sub.group, sub.context.instance, sub.window,
-                               sub.window_bytes, os.environ.get(SECRET_ENV, "")))
+                               sub.window_bytes, os.environ.get(SECRET_ENV, ""), self.unacked))
         if sub.leaving:
             self.send_control(Leave(sub.topic))
+
+    def _rejoin(self) -> None:
+        """The publisher does not know us any more: it evicted us after a silence (this
+        process was stopped, or cut off, past the membership timeout) and gave what we held
+        back to our group. Join again, saying how many messages we still hold: it gives back
+        those nobody took meanwhile, so we handle and acknowledge them as before. Told once
+        per eviction: asks that cross our Join (FIFO per connection) are ignored."""
+        if not self.welcomed:
+            return
+        self.welcomed = False
+        self.expected = 1  # a new membership numbers its deliveries from 1
+        self.sub.stats.rejoined += 1
+        log.warning("%s: evicted from %s by %s; joining again holding %d messages",
+                    self.sub.context.instance, self.sub.topic, self.endpoint, self.unacked)
+        self._join()
 
     def send_control(self, msg) -> None:
         self._channel.send(codec.encode(msg))
@@ -74,8 +100,13 @@ class _Connection:
     def _on_frames(self, head: bytes, frames: list) -> None:
         sub = self.sub
         if head[:1] == _CTRL:
-            if head[1:] == _LEAVE_ACK:
+            tag = head[1:2]
+            if tag == _LEAVE_ACK:
                 self.left = True
+            elif tag == _WELCOME:
+                self.welcomed = True
+            elif tag == _REJOIN:
+                self._rejoin()
             return
         if head[:1] == _BATCH:
             self._on_batch(head, frames)

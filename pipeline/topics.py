@@ -43,6 +43,7 @@ class TopicStats:
     wait_s: float = 0.0  # time a publisher spent blocked by backpressure
     refused: int = 0  # joins with a wrong token
     evicted: int = 0  # members dropped after MEMBER_TIMEOUT_S of silence
+    rejoined: int = 0  # evicted members that joined again (publisher), or times we did (subscriber)
 
     def as_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v}

@@ -72,6 +72,7 @@ def make_launch(graph: Graph, node_name: str, replica: int, generation: int, run
         control=control,
         heartbeat_s=graph.run.heartbeat_s,
         grace_s=graph.run.grace_s,
+        membership_timeout_s=graph.run.membership_timeout_s,
         resume=resume,
         subscribes=list(node.subscribes),
         calls=list(node.calls),
