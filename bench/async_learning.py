@@ -1,0 +1,110 @@
+"""Lock-step PPO against the asynchronous graphs (APPO, IMPALA, APPO without V-trace) on the
+same task, through the multi-process graph: env steps and wall-clock to a return threshold,
+and the policy lag the learner measured, per seed, with the medians and ratios to PPO.
+
+    python bench/async_learning.py                       # MinAtar Breakout, seeds 0,1,2, to 8
+    python bench/async_learning.py --seeds 0 --graphs ppo_minatar appo_minatar
+    python bench/async_learning.py --budget 300000       # stop every run there
+
+Runs alternate graph by graph within each seed (ppo, appo, ... for seed 0, then seed 1), so a
+machine whose load drifts treats them alike. Each run is ``python run.py run GRAPH --seed S``
+with the evaluator stopping the run at the threshold; the clock runs from the launch of
+``run.py`` to the moment the parameters that reached the threshold arrived at the evaluator
+(the evaluation's own duration taken off, as ``bench/learning.py`` does). The last line is one
+JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# No-V-trace APPO: the same graph with the correction off (plain GAE on the lagged data).
+VARIANTS = {"appo_minatar_novtrace": ("appo_minatar", ["agent.algorithm.vtrace=false"])}
+
+
+def run(graph: str, seed: int, threshold: float, budget: int | None) -> dict:
+    base, extra = VARIANTS.get(graph, (graph, []))
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = str(Path(tmp) / "run")
+        cmd = [sys.executable, str(ROOT / "run.py"), "run", str(ROOT / "graphs" / f"{base}.yaml"),
+               "--run-dir", run_dir, "--quiet", "--seed", str(seed),
+               "--set", f"nodes.evaluator.config.stop_at_return={threshold}"]
+        if budget:
+            cmd += ["--set", f"nodes.learner.config.num_env_steps={budget}"]
+        for s in extra:
+            cmd += ["--set", s]
+        t0 = time.time()
+        code = subprocess.run(cmd, cwd=ROOT).returncode
+        wall = time.time() - t0
+        with open(Path(run_dir) / "metrics.jsonl") as f:
+            records = [json.loads(line) for line in f]
+    evals = [m for m in records if "eval/return" in m]
+    lags = [m for m in records if "lag/versions_mean" in m]
+    hit = next((m for m in evals if m["eval/return"] >= threshold), None)
+    for m in evals:
+        print(f"[{graph} seed {seed}] steps={m['env_steps']} "
+              f"time={m['time'] - m.get('eval/seconds', 0) - t0:.0f}s eval={m['eval/return']:.1f}",
+              flush=True)
+    return {
+        "graph": graph, "seed": seed, "exit_code": code, "reached": hit is not None,
+        "env_steps": hit and hit["env_steps"],
+        "seconds": hit and round(hit["time"] - hit.get("eval/seconds", 0.0) - t0, 1),
+        "best_return": max((m["eval/return"] for m in evals), default=None),
+        "total_seconds": round(wall, 1),
+        "total_env_steps": max((m["env_steps"] for m in records), default=0),
+        "lag_mean": lags and round(statistics.fmean(m["lag/versions_mean"] for m in lags), 2),
+        "lag_max": lags and max(m["lag/versions_max"] for m in lags),
+        "dropped_batches": max((m.get("lag/dropped_batches", 0) for m in records), default=0),
+    }
+
+
+def _median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--graphs", nargs="+", default=["ppo_minatar", "appo_minatar",
+                                                     "impala_minatar", "appo_minatar_novtrace"])
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--threshold", type=float, default=8.0)
+    ap.add_argument("--budget", type=int, default=None, help="env-step budget of every run")
+    args = ap.parse_args(argv)
+    results = []
+    for seed in (int(s) for s in args.seeds.split(",")):
+        for graph in args.graphs:
+            r = run(graph, seed, args.threshold, args.budget)
+            print(json.dumps(r), flush=True)
+            results.append(r)
+    summary = {}
+    for graph in args.graphs:
+        mine = [r for r in results if r["graph"] == graph]
+        summary[graph] = {"reached": sum(r["reached"] for r in mine), "runs": len(mine),
+                          "median_env_steps": _median([r["env_steps"] for r in mine]),
+                          "median_seconds": _median([r["seconds"] for r in mine]),
+                          "median_lag_mean": _median([r["lag_mean"] or None for r in mine])}
+    base = summary.get(args.graphs[0], {})
+    for graph, s in summary.items():
+        for key in ("env_steps", "seconds"):
+            ours, ref = s[f"median_{key}"], base.get(f"median_{key}")
+            s[f"{key}_ratio_to_{args.graphs[0]}"] = (round(ours / ref, 3) if ours and ref
+                                                     else None)
+        print(f"{graph:24s} reached {s['reached']}/{s['runs']}  median env steps "
+              f"{s['median_env_steps']}  median seconds {s['median_seconds']}  "
+              f"env-step ratio {s[f'env_steps_ratio_to_{args.graphs[0]}']}  wall-clock ratio "
+              f"{s[f'seconds_ratio_to_{args.graphs[0]}']}  lag {s['median_lag_mean']}")
+    print(json.dumps({"threshold": args.threshold, "summary": summary}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""Conduit's APPO graph against Sample Factory's APPO on Atari Breakout, same machine, back to
+back: training env steps/s over the same wall-clock window, the policy lag of each, and the
+training episode return at equal env steps.
+
+    bash bench/peers/setup_sample_factory.sh      # once: bench/.venv-sf (Sample Factory 2.1.1)
+    python bench/async_peer.py                    # 240 s each, Conduit then Sample Factory
+    python bench/async_peer.py --window 600 --rounds 2
+
+Both sides: 16 Breakout environments (Conduit: 2 runners x 8 ale-py envs; Sample Factory:
+``--num_workers 2 --env_agents 8`` EnvPool envs), 4 stacked 84x84 frames, the Nature CNN,
+rollouts of 128, 4 epochs of 4 mini-batches of 256 per 1,024 steps, clipping 0.1, Adam
+2.5e-4, on the CPU. Sample Factory runs its own Atari defaults (V-trace off there, as in its
+published Atari runs; ``--peer-vtrace`` turns it on). Env steps are agent steps (4 frames
+each; Sample Factory's frame counts are divided by its frameskip of 4).
+
+The rate is the slope of trained env steps over the window after ``--warmup`` seconds (the
+learner's ``env_steps`` in Conduit's metrics; Sample Factory's "Total num frames" log lines).
+Lag: Conduit's learner reports ``lag/versions_*`` per metrics period; Sample Factory prints
+``Policy #0 lag: (min, avg, max)``. The last line is one JSON object with both sides and the
+ratio (Conduit / Sample Factory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SF_PYTHON = ROOT / "bench" / ".venv-sf" / "bin" / "python"
+FRAMESKIP = 4
+_SF_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
+_SF_FRAMES = re.compile(r"Total num frames: (\d+)")
+_SF_LAG = re.compile(r"Policy #0 lag: \(min: ([\d.-]+), avg: ([\d.-]+), max: ([\d.-]+)\)")
+_SF_REWARD = re.compile(r"Avg episode reward: \[\(0, '([\d.-]+)'\)\]")
+
+
+def slope(points: list[tuple[float, float]], start: float) -> float | None:
+    """Least-squares env steps per second of ``(seconds, env_steps)`` after ``start``."""
+    pts = [(t, s) for t, s in points if t >= start]
+    if len(pts) < 2:
+        return None
+    mt = statistics.fmean(t for t, _ in pts)
+    ms = statistics.fmean(s for _, s in pts)
+    den = sum((t - mt) ** 2 for t, _ in pts)
+    return sum((t - mt) * (s - ms) for t, s in pts) / den if den else None
+
+
+def run_conduit(window: float, warmup: float) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = str(Path(tmp) / "run")
+        cmd = [sys.executable, str(ROOT / "run.py"), "run", str(ROOT / "graphs/appo_atari.yaml"),
+               "--run-dir", run_dir, "--quiet", "--set", f"run.duration_s={window}",
+               "--set", "run.on_duration=stop",
+               "--set", "nodes.learner.config.num_env_steps=100000000",
+               "--set", "nodes.learner.config.metrics_interval_s=2",
+               "--set", "nodes.evaluator.config.eval_interval=100000000"]
+        t0 = time.time()
+        code = subprocess.run(cmd, cwd=ROOT).returncode
+        with open(Path(run_dir) / "metrics.jsonl") as f:
+            records = [json.loads(line) for line in f]
+    learner = [m for m in records if m["source"].startswith("learner")]
+    points = [(m["time"] - t0, m["env_steps"]) for m in learner]
+    lags = [m for m in learner if "lag/versions_mean" in m and m["time"] - t0 >= warmup]
+    returns = [(m["env_steps"], m["train/episode_return"]) for m in records
+               if "train/episode_return" in m]
+    return {"exit_code": code, "env_steps_per_s": slope(points, warmup),
+            "trained_env_steps": max((s for _, s in points), default=0),
+            "lag_mean": lags and round(statistics.fmean(m["lag/versions_mean"] for m in lags), 2),
+            "lag_max": lags and max(m["lag/versions_max"] for m in lags),
+            "returns": returns}
+
+
+def run_sample_factory(window: float, warmup: float, vtrace: bool) -> dict:
+    if not SF_PYTHON.exists():
+        raise SystemExit(f"{SF_PYTHON} is missing: bash bench/peers/setup_sample_factory.sh")
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [str(SF_PYTHON), "-m", "sf_examples.envpool.atari.train_envpool_atari",
+               "--env=atari_breakout", "--experiment=bench", f"--train_dir={tmp}",
+               "--device=cpu", "--num_workers=2", "--env_agents=8", "--seed=0",
+               f"--with_vtrace={vtrace}", "--save_every_sec=100000",
+               "--keep_checkpoints=1", "--experiment_summaries_interval=2"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+        t0 = time.time()
+        lines = []
+        try:
+            for line in proc.stdout:
+                lines.append(line)
+                if time.time() - t0 > window:
+                    break
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    points, lags, returns, frames = [], [], [], 0
+    for line in lines:
+        stamp = _SF_TIME.match(line)
+        if (m := _SF_FRAMES.search(line)) and stamp:
+            at = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            frames = int(m.group(1))
+            points.append((at - t0, frames / FRAMESKIP))
+        if (m := _SF_LAG.search(line)) and points and points[-1][0] >= warmup:
+            lags.append(tuple(float(x) for x in m.groups()))
+        if m := _SF_REWARD.search(line):
+            returns.append((frames / FRAMESKIP, float(m.group(1))))
+    return {"env_steps_per_s": slope(points, warmup),
+            "trained_env_steps": points[-1][1] if points else 0,
+            "lag_mean": lags and round(statistics.fmean(a for _, a, _ in lags), 2),
+            "lag_max": lags and max(x for _, _, x in lags),
+            "returns": returns, "log_tail": "".join(lines[-5:]) if not points else ""}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--window", type=float, default=240.0, help="seconds each side runs")
+    ap.add_argument("--warmup", type=float, default=30.0, help="seconds left out of the rate")
+    ap.add_argument("--rounds", type=int, default=1, help="Conduit, peer, Conduit, peer...")
+    ap.add_argument("--peer-vtrace", action="store_true", help="Sample Factory with V-trace")
+    args = ap.parse_args(argv)
+    ours, peers = [], []
+    for _ in range(args.rounds):
+        ours.append(run_conduit(args.window, args.warmup))
+        print("conduit", json.dumps({k: v for k, v in ours[-1].items() if k != "returns"}),
+              flush=True)
+        peers.append(run_sample_factory(args.window, args.warmup, args.peer_vtrace))
+        print("sample-factory", json.dumps({k: v for k, v in peers[-1].items()
+                                            if k != "returns"}), flush=True)
+    rate = statistics.median(r["env_steps_per_s"] or 0 for r in ours)
+    peer_rate = statistics.median(r["env_steps_per_s"] or 0 for r in peers)
+    print(f"training env steps/s: conduit APPO {rate:.0f}, Sample Factory APPO {peer_rate:.0f}, "
+          f"ratio {rate / peer_rate if peer_rate else float('nan'):.3f} "
+          f"(window {args.window:.0f} s after {args.warmup:.0f} s, {args.rounds} round(s), "
+          f"load {os.getloadavg()[0]:.1f})")
+    print(json.dumps({"window_s": args.window, "conduit": ours, "sample_factory": peers,
+                      "ratio": rate / peer_rate if peer_rate else None}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
