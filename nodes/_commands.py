@@ -18,6 +18,7 @@ import os
 import shutil
 import tempfile
 
+from nodes import _datasets as _datasets  # noqa: F401 - run.py dataset (offline RL)
 from pipeline.cli import EXIT_OK, UsageError, register_command
 
 VIDEO_EXTRA = "pip install -e '.[video]'"

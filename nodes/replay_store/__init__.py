@@ -2,7 +2,8 @@
 
 A package: ``store`` (the state and handlers), ``config`` (the keys and the buffer's controls),
 ``rate_limiter``, ``continuity`` (exactly once through restarts and swaps), ``shard`` (one
-shard of several); this module runs the node's tasks in one ``TaskGroup``.
+shard of several), ``offline`` (datasets served beside or instead of the experience); this
+module runs the node's tasks in one ``TaskGroup``.
 
 Ingests ``experience`` (reliable), answers ``sample`` requests, applies ``priorities``, and
 rate-limits sampling against insertion like Reverb's rate limiter: with ``samples_per_insert``
@@ -68,12 +69,15 @@ def exclusive(config: Config) -> bool:
     return True
 
 
-# What the graph entry may list (pipeline.ports): checked at load.
-PORTS = Ports(subscribes={"experience": Port(ExperienceBatch),
-                          "priorities": Port(Priorities, required=False)},
-              serves={"sample": Service(SampleRequest, SampleBatch),
-                      "replay_state": Service(StateRequest, StateReply, required=False)},
-              publishes={"metrics": Port(Metrics, required=False)})
+def PORTS(config: Config) -> Ports:  # noqa: N802 - the name the pipeline looks for
+    """What the graph entry may list (pipeline.ports), checked at load. A store loaded with
+    datasets may go without ``experience``: an offline graph has no runners."""
+    return Ports(subscribes={"experience": Port(ExperienceBatch,
+                                                required=not config.datasets),
+                             "priorities": Port(Priorities, required=False)},
+                 serves={"sample": Service(SampleRequest, SampleBatch),
+                         "replay_state": Service(StateRequest, StateReply, required=False)},
+                 publishes={"metrics": Port(Metrics, required=False)})
 
 
 def _come_back(store: ReplayStore, node) -> None:
@@ -101,13 +105,16 @@ async def run(config: Config, node, ready) -> dict:
     store = ReplayStore(config, node)
     store.ledger = node.ledger("experience", "stored")
     _come_back(store, node)
-    experience = bus.subscriber("experience")
+    experience = bus.subscriber("experience") if bus.subscribes("experience") else None
     priorities = bus.subscriber("priorities") if bus.subscribes("priorities") else None
     sampler = bus.server("sample")
     metrics = bus.publisher("metrics") if bus.publishes("metrics") else None
     ready()
 
     async def ingest():
+        if experience is None:  # offline: serve the datasets until the run stops
+            await node.stopping.wait()
+            return
         while True:
             # Backpressure: the learner must catch up. When the run stops, drain regardless,
             # so the unroller's last experience is stored, not lost.

@@ -71,6 +71,17 @@ class Config:
         "doc": "memory-map the buffer here (relative to the run directory): a restarted store "
                "re-attaches to it and loses nothing, instead of going back to a checkpoint"})
     metrics_interval_s: float = field(default=5.0, metadata={"doc": "metrics period"})
+    datasets: list[str] | None = field(default=None, metadata={
+        "doc": "Minari dataset directories (relative to the current directory) loaded "
+               "read-only: the only data of an offline graph (no experience input), mixed "
+               "into the experience of a hybrid one (docs/offline.md)"})
+    dataset_caps: list[int | None] | None = field(default=None, metadata={
+        "doc": "per dataset: load at most this many steps, the first ones (null: all)"})
+    dataset_weights: list[float] | None = field(default=None, metadata={
+        "doc": "per dataset: its share of the offline rows, relative (default: equal)"})
+    offline_share: float = field(default=1.0, metadata={
+        "doc": "share of each sampled batch drawn from the datasets (1.0 offline; below 1 "
+               "in a hybrid graph, the rest from the experience)"})
     agent: Agent | None = field(default=None, metadata={
         "doc": "the graph's agent: section (filled in at load): the first batch from each "
                "sender is checked against its experience schema"})
@@ -112,6 +123,51 @@ class Config:
             raise ConfigError("reward_clip", "must be [min, max] with min <= max")
         if self.throughput_period_s is not None and self.throughput_period_s <= 0:
             raise ConfigError("throughput_period_s", "must be > 0")
+        self._validate_datasets()
+
+    def _validate_datasets(self) -> None:
+        """Datasets: lists that match, sample extras they cannot give, an algorithm that
+        cannot train on them, and each dataset's env and dtypes against the agent (one line
+        at load: a wrong dataset never reaches a running store)."""
+        if not self.datasets:
+            needs = getattr(type(getattr(self.agent, "algorithm", None)), "needs_dataset", False)
+            if needs:
+                raise ConfigError("datasets", f"{self.agent.algorithm.name} learns from "
+                                  f"datasets only: list at least one (docs/offline.md)")
+            for key in ("dataset_caps", "dataset_weights"):
+                if getattr(self, key) is not None:
+                    raise ConfigError(key, "needs datasets")
+            return
+        for key in ("dataset_caps", "dataset_weights"):
+            value = getattr(self, key)
+            if value is not None and len(value) != len(self.datasets):
+                raise ConfigError(key, f"has {len(value)} entries for {len(self.datasets)} "
+                                  f"datasets")
+        if any(c is not None and c < 2 for c in self.dataset_caps or ()):
+            raise ConfigError("dataset_caps", "each cap must be at least 2 steps (or null)")
+        if any(w <= 0 for w in self.dataset_weights or ()):
+            raise ConfigError("dataset_weights", "each weight must be > 0")
+        if not 0.0 < self.offline_share <= 1.0:
+            raise ConfigError("offline_share", f"must lie in (0, 1], got {self.offline_share}")
+        for key, unset in (("nstep", 1), ("frame_stack", 1), ("keep_episodic_info", False),
+                           ("record_episodic_return", False)):
+            if getattr(self, key) != unset:
+                raise ConfigError(key, "is not supported with datasets (their rows carry no "
+                                  "sample extras)")
+        if self.agent is None:
+            return
+        if self.agent.on_policy:
+            raise ConfigError("datasets", f"{self.agent.algorithm.name} is on-policy: it "
+                              f"trains on fresh unrolls of its own policy, not on datasets; "
+                              f"use an off-policy algorithm (bc, iql, sac, ...)")
+        from nodes._datasets import check_dataset
+        from storage.datasets import DatasetError
+
+        for i, path in enumerate(self.datasets):
+            try:
+                check_dataset(path, self.agent)
+            except DatasetError as exc:
+                raise ConfigError(f"datasets.{i}", str(exc)) from None
 
 
 def buffer_controls(config: Config) -> dict:

@@ -22,6 +22,7 @@ from nodes.messages import (
 )
 from nodes.replay_store.config import Config, buffer_controls
 from nodes.replay_store.continuity import applied_in_files
+from nodes.replay_store.offline import OfflineRows
 from nodes.replay_store.rate_limiter import RateLimiter
 from nodes.replay_store.shard import ShardEnvs, sample_mass
 from storage import (
@@ -56,8 +57,13 @@ class ReplayStore:
         self.sample_requests = 0  # served, for ERE's round
         self.last_sample: dict = {}  # per-sample figures published as metrics
         self._warned = False
+        # Datasets beside the experience (hybrid) or instead of it (offline: no experience
+        # input, nothing is inserted, so nothing waits for inserts; the count a learner and an
+        # evaluator read as env steps is then the number of batches served).
+        self.offline = OfflineRows(config, config.num_environments) if config.datasets else None
+        self.offline_only = self.offline is not None and not bus.subscribes("experience")
         self.limiter = RateLimiter(config.samples_per_insert, config.spi_tolerance,
-                                   config.min_size_to_sample)
+                                   0 if self.offline_only else config.min_size_to_sample)
         self.pending: collections.deque = collections.deque()  # sample requests that wait
         self.rejected_priorities = 0
         self.priority_updates = 0  # messages applied (rows of overwritten steps are ignored)
@@ -122,8 +128,9 @@ class ReplayStore:
         """What the buffer was built with, read back from the buffer itself (for status)."""
         b = self.buffer
         if b is None:
-            return {}
-        return {"backend": b.backend.name, "controls": sorted(self.controls),
+            return {"datasets": self.offline.describe()} if self.offline is not None else {}
+        return {"datasets": self.offline.describe() if self.offline is not None else None,
+                "backend": b.backend.name, "controls": sorted(self.controls),
                 "prioritized": b.prioritized_sampling, "episodic": b.episodes is not None,
                 "num_earliest_frames_ignored": b.num_earliest_frames_ignored,
                 "ere": self.ere is not None, "sample_range": self.config.sample_range,
@@ -201,15 +208,42 @@ class ReplayStore:
         return None
 
     def sample(self, req) -> SampleBatch:
-        """Draw ``req``'s batch, or raise ``NothingToSample`` (the request should wait)."""
+        """Draw ``req``'s batch, or raise ``NothingToSample`` (the request should wait): the
+        datasets' share of it (``offline_share``) and the rest from the buffer, shuffled
+        together."""
+        offline = self.offline.rows_of(req.batch_size) if self.offline is not None else 0
+        online = req.batch_size - offline
+        if online and self.buffer is None:
+            raise NothingToSample("no experience stored yet")
+        parts = [self._sample_buffer(req, online)] if online else []
+        if offline:
+            fields, env_ids, positions = self.offline.sample(offline, req.batch_length)
+            parts.append(({k: torch.from_numpy(v) for k, v in fields.items()},
+                          torch.from_numpy(env_ids), torch.from_numpy(positions),
+                          torch.ones(offline, dtype=torch.float32)))
+        self.sample_requests += 1
+        self.limiter.on_sample(req.batch_size)
+        if len(parts) == 1:
+            experience, env_ids, positions, weights = parts[0]
+        else:
+            (on, on_env, on_pos, on_w), (off, off_env, off_pos, off_w) = parts
+            order = torch.from_numpy(self.offline.rng.permutation(req.batch_size))
+            experience = {k: torch.cat([on[k], off[k].to(on[k].dtype)])[order] for k in on}
+            env_ids = torch.cat([on_env.to(torch.int64), off_env])[order]
+            positions = torch.cat([on_pos.to(torch.int64), off_pos])[order]
+            weights = torch.cat([on_w.to(torch.float32), off_w])[order]
+            self.last_sample["offline_rows"] = offline
+        return SampleBatch(experience, env_ids, positions, weights, self.env_steps, self._mass())
+
+    def _sample_buffer(self, req, count: int) -> tuple:
+        """``count`` windows from the buffer: ``(fields, env_ids, positions, weights)``."""
         version = req.learner_version if req.learner_version >= 0 else None
         if version is None and self.config.max_staleness is not None and not self._warned:
             self._warned = True
             log.warning("sample requests carry no learner_version: max_staleness is not applied")
-        data, info = self.buffer.get_batch(req.batch_size, req.batch_length,
+        data, info = self.buffer.get_batch(count, req.batch_length,
                                            sample_range=self._sample_range(),
                                            learner_iter=version)
-        self.sample_requests += 1
         # Where the starts lie in their rings: windows and ignored frames show here.
         writer = self.buffer.writer
         newest = writer.current_pos[info.env_ids] - 1
@@ -222,14 +256,13 @@ class ReplayStore:
                 self.buffer, self.config.frame_field, info.env_ids, info.positions,
                 req.batch_length, self.config.frame_stack).cpu()
         experience.update(self._extras(info))
-        self.limiter.on_sample(req.batch_size)
-        return SampleBatch(experience, info.env_ids.cpu(), info.positions.cpu(),
-                           info.importance_weights.cpu(), self.limiter.inserted, self._mass())
+        return (experience, info.env_ids.cpu(), info.positions.cpu(),
+                info.importance_weights.cpu())
 
     def balance(self) -> SampleBatch:
         """The reply to a ``credit_only`` request: no items, this shard's mass and balance."""
         empty = np.zeros(0, np.int64)
-        return SampleBatch({}, empty, empty, np.zeros(0, np.float32), self.limiter.inserted,
+        return SampleBatch({}, empty, empty, np.zeros(0, np.float32), self.env_steps,
                            self._mass())
 
     def _mass(self):
@@ -312,6 +345,9 @@ class ReplayStore:
                   "replay/inserted": self.limiter.inserted,
                   "replay/sampled": self.limiter.sampled,
                   "replay/stale_priority_updates": self.rejected_priorities}
+        if self.offline is not None:
+            values["replay/offline_size"] = self.offline.size
+            values.update({f"replay/{k}": v for k, v in self.last_sample.items()})
         if self.buffer is None:
             return values
         values["replay/sampleable"] = self.buffer.num_sampleable
@@ -336,6 +372,10 @@ class ReplayStore:
         self.priority_updates += 1
         env_ids = np.asarray(msg.env_ids, dtype=np.int64)
         positions = np.asarray(msg.positions, dtype=np.int64)
+        if self.offline is not None:  # dataset rows keep their weight: drop theirs here
+            own = env_ids < self.offline.first_env_id
+            env_ids, positions = env_ids[own], positions[own]
+            msg = type(msg)(env_ids, positions, np.asarray(msg.priorities)[own])
         # Updates for steps this incarnation never wrote (the learner drew them from the one
         # before a restart) are stale, not an error: the buffer would refuse the whole message.
         written = torch.as_tensor(self.buffer.writer.current_pos).cpu().numpy()
@@ -352,8 +392,9 @@ class ReplayStore:
 
     @property
     def env_steps(self) -> int:
-        """Steps inserted: what its checkpoints are stamped with."""
-        return self.limiter.inserted
+        """Steps inserted: what its checkpoints are stamped with, and what its samples tell
+        the learner. Offline nothing is inserted: the batches served count instead."""
+        return self.sample_requests if self.offline_only else self.limiter.inserted
 
     def state(self) -> dict:
         return {"buffer": self.buffer.state_dict() if self.buffer is not None else None,
