@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from algorithms.config_base import hp
-from algorithms.config_core import SacConfig
+from algorithms.config_core import PpoConfig, SacConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,4 +28,21 @@ class OacConfig(SacConfig):
                               minimum=0.0)
 
 
-CONFIGS: tuple[type, ...] = (OacConfig,)
+@dataclass(frozen=True, kw_only=True)
+class PpgConfig(PpoConfig):
+    """Phasic Policy Gradient: PPO's policy phase, and every ``aux_interval`` unrolls an
+    auxiliary phase that distills the value into the policy network (``algorithms.ppg``)."""
+
+    algorithm: ClassVar[str] = "algorithms.ppg:PpgAlgorithm"
+    name: Literal["ppg"] = hp("ppg", "algorithm name")
+    aux_interval: int = hp(32, "unrolls of policy phase between auxiliary phases (N_pi)",
+                           minimum=1)
+    aux_epochs: int = hp(6, "passes over the stored unrolls in an auxiliary phase (E_aux)",
+                         minimum=1)
+    aux_mini_batch_size: int = hp(512, "samples per gradient step of the auxiliary phase",
+                                  minimum=1)
+    aux_kl_weight: float = hp(1.0, "weight of the behaviour-cloning KL(pi_old || pi) in the "
+                                   "auxiliary loss (beta_clone)", minimum=0.0)
+
+
+CONFIGS: tuple[type, ...] = (OacConfig, PpgConfig)
