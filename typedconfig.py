@@ -10,6 +10,7 @@ either layer importing the other. Supports the annotations configs use:
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, Literal
@@ -74,7 +75,10 @@ def check(annotation, value, path: str):
                 return check(option, value, path)
             except ConfigError as exc:
                 errors.append(exc.message)
-        raise ConfigError(path, f"expected {_name(annotation)}, got {_describe(value)}")
+        # A number that is not finite is that, not a wrong type (``float | None`` and .nan).
+        finite = [e for e in errors if e.startswith("must be a finite")]
+        raise ConfigError(path, finite[0] if finite else
+                          f"expected {_name(annotation)}, got {_describe(value)}")
     if annotation is type(None):
         if value is None:
             return None
@@ -85,7 +89,12 @@ def check(annotation, value, path: str):
         raise ConfigError(path, f"must be one of {', '.join(map(repr, args))}, got {value!r}")
     if annotation is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+            value = float(value)
+            # Durations, sizes, rates and coefficients are finite: every comparison with NaN
+            # is false (a timeout of .nan never fires), and .inf turns a limit off unsaid.
+            if not math.isfinite(value):
+                raise ConfigError(path, f"must be a finite number, got {value}")
+            return value
         raise ConfigError(path, f"expected a number, got {_describe(value)}")
     if annotation is int:
         if isinstance(value, int) and not isinstance(value, bool):

@@ -120,3 +120,48 @@ def checkpoints_hold_one_state_per_service(graph) -> None:
                         f"nodes.{name}.config.services",
                         f"asks {service!r}, served by {spec.replicas} replicas of {server!r}; "
                         f"a checkpoint holds one state per component: leave it out")
+
+
+@register_graph_check
+def learner_batches_can_be_filled(graph) -> None:
+    """A sample request the replay store can never answer deadlocks the graph with every node
+    healthy (the learner waits for its batch, the runners for actions): refused at load, at
+    ``--set`` and at ``swap`` (the supervisor runs these checks on the swapped config).
+
+    A request is ``mini_batch_size * batches_per_request`` items. It cannot exceed what the
+    store holds (``num_environments * max_length``, per shard summed over shards), and with a
+    samples-per-insert limit it cannot exceed ``2 * spi_tolerance``: inserts stop once the
+    store is ``spi_tolerance`` ahead of sampling, and a sample may go at most
+    ``spi_tolerance`` behind. ``min_size_to_sample`` above the capacity never lets sampling
+    start. Offline stores (``datasets``) hold what their datasets hold: not checked here."""
+    for store in _nodes_of(graph, "replay_store"):
+        replay = graph.configs[store]
+        if replay.datasets:
+            continue
+        shards = graph.nodes[store].replicas if _sharded(graph, store) else 1
+        capacity = replay.num_environments * replay.max_length
+        if replay.min_size_to_sample > capacity:
+            raise ConfigError(
+                f"nodes.{store}.config.min_size_to_sample",
+                f"is {replay.min_size_to_sample}, above what the store holds "
+                f"(num_environments {replay.num_environments} x max_length "
+                f"{replay.max_length} = {capacity}): sampling would never start")
+        for name in _nodes_of(graph, "learner"):
+            spec = graph.nodes[name]
+            if "sample" not in spec.calls or "sample" not in graph.nodes[store].serves:
+                continue
+            learner = graph.configs[name]
+            size = learner.mini_batch_size * learner.batches_per_request
+            what = (f"mini_batch_size {learner.mini_batch_size} x batches_per_request "
+                    f"{learner.batches_per_request} = {size} items per sample request")
+            key = f"nodes.{name}.config.mini_batch_size"
+            if size > capacity * shards:
+                raise ConfigError(key, f"{what}, more than replay_store {store!r} holds "
+                                  f"({capacity * shards}: num_environments x max_length"
+                                  f"{' x shards' if shards > 1 else ''}): it can never "
+                                  f"be filled")
+            if replay.samples_per_insert is not None and size > 2 * replay.spi_tolerance:
+                raise ConfigError(key, f"{what}, more than replay_store {store!r}'s rate "
+                                  f"limiter can ever allow (2 x spi_tolerance = "
+                                  f"{2 * replay.spi_tolerance:g}): raise spi_tolerance or "
+                                  f"lower the batch")

@@ -21,6 +21,7 @@ import typedconfig as configlib
 from pipeline import kinds
 from pipeline.graph import Graph, resolve_kind
 from pipeline.graphnodes import MAX_REPLICAS
+from pipeline.graphyaml import GraphError
 from pipeline.messages import ControlReply
 from pipeline.watcher import RunFailed, Watcher, WatcherHost
 
@@ -122,12 +123,17 @@ async def cmd_swap(supervisor: CommandHost, node: str, kind: str | None = None,
     for item in set or []:
         key, _, value = item.partition("=")
         new_config[key] = yaml.safe_load(value)
-    _, config_cls = resolve_kind(new_kind)
+    try:
+        _, config_cls = resolve_kind(new_kind)
+    except GraphError as exc:  # an unknown kind is the user's mistake: one line, exit 2
+        raise ValueError(f"swap of {node} refused: {exc.message}") from None
+    built = new_config
     if config_cls is not None:
         try:
-            configlib.build(config_cls, new_config)
+            built = configlib.build(config_cls, new_config)
         except configlib.ConfigError as exc:
             raise ValueError(f"nodes.{node}.config.{exc}") from None
+    _check_swapped(supervisor.graph, node, new_kind, built)  # refused before anything changes
     for w in watchers:
         await _replace(supervisor, w, new_kind, new_config, "swapped")
     return {"swapped": [w.instance for w in watchers], "kind": new_kind,
@@ -241,6 +247,24 @@ def control_commands() -> set[str]:
     return set(COMMANDS)
 
 
+def _check_swapped(graph: Graph, node: str, kind: str, config) -> None:
+    """A swap to a config the graph checks refuse at load (a learner's batch the replay store
+    can never fill) is refused the same way, before anything changes: accepted, it would leave
+    every node healthy and nothing moving."""
+    swapped = dataclasses.replace(
+        graph, nodes={**graph.nodes, node: dataclasses.replace(graph.nodes[node], kind=kind)},
+        configs={**graph.configs, node: config})
+    _run_checks(swapped, f"swap of {node}")
+
+
+def _run_checks(graph: Graph, what: str) -> None:
+    for check in kinds.graph_checks():
+        try:
+            check(graph)
+        except configlib.ConfigError as exc:
+            raise ValueError(f"{what} refused: {exc.key}: {exc.message}") from None
+
+
 def _check_scaled(graph: Graph, node: str, replicas: int) -> None:
     """Issue 11: a scale that cannot work is refused before anything changes. The graph as it
     would be after the scale goes through the limits and every registered graph check (e.g. a
@@ -256,9 +280,4 @@ def _check_scaled(graph: Graph, node: str, replicas: int) -> None:
     scaled = dataclasses.replace(
         graph, nodes={**graph.nodes,
                       node: dataclasses.replace(graph.nodes[node], replicas=replicas)})
-    for check in kinds.graph_checks():
-        try:
-            check(scaled)
-        except configlib.ConfigError as exc:
-            raise ValueError(f"scale of {node} to {replicas} refused: {exc.key}: "
-                             f"{exc.message}") from None
+    _run_checks(scaled, f"scale of {node} to {replicas}")
