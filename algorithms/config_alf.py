@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from algorithms.config_base import hp
-from algorithms.config_core import PpoConfig, SacConfig
+from algorithms.config_base import DISCOUNT, hp
+from algorithms.config_core import PpoConfig, SacConfig, SoftActorCriticConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,4 +45,21 @@ class PpgConfig(PpoConfig):
                                    "auxiliary loss (beta_clone)", minimum=0.0)
 
 
-CONFIGS: tuple[type, ...] = (OacConfig, PpgConfig)
+@dataclass(frozen=True, kw_only=True)
+class TaacConfig(SoftActorCriticConfig):
+    """Temporally abstract actor-critic: each step, repeat the previous action or take the
+    actor's new one, chosen by their Q values (``algorithms.taac``); continuous actions. Its
+    ``target_entropy`` is the action's (null: ALF's default from ``action_min_prob``)."""
+
+    algorithm: ClassVar[str] = "algorithms.taac:TaacAlgorithm"
+    name: Literal["taac"] = hp("taac", "algorithm name")
+    mini_batch_length: int = hp(6, "replay window length T: the compare-through target runs "
+                                    "along it while the action is repeated", minimum=2)
+    action_min_prob: float = hp(0.1, "default action entropy target: sum over dimensions of "
+                                     "log(action_min_prob * (high - low))", range=DISCOUNT)
+    switch_min_prob: float = hp(0.05, "entropy target of the act-or-repeat choice: that of "
+                                      "a two-way choice with this probability on its "
+                                      "lesser side", range=DISCOUNT)
+
+
+CONFIGS: tuple[type, ...] = (OacConfig, PpgConfig, TaacConfig)
