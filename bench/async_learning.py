@@ -7,7 +7,9 @@ and the policy lag the learner measured, per seed, with the medians and ratios t
     python bench/async_learning.py --budget 300000       # stop every run there
 
 Runs alternate graph by graph within each seed (ppo, appo, ... for seed 0, then seed 1), so a
-machine whose load drifts treats them alike. Each run is ``python run.py run GRAPH --seed S``
+machine whose load drifts treats them alike. On a machine with many cores, ``--parallel N
+--cores-per-run C`` runs N at a time, each pinned to its own C cores (``taskset``; the
+graph's processes inherit it), so every run has a 2-core machine of its own, as here. Each run is ``python run.py run GRAPH --seed S``
 with the evaluator stopping the run at the threshold; the clock runs from the launch of
 ``run.py`` to the moment the parameters that reached the threshold arrived at the evaluator
 (the evaluation's own duration taken off, as ``bench/learning.py`` does). The last line is one
@@ -30,19 +32,23 @@ ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {"appo_minatar_novtrace": ("appo_minatar", ["agent.algorithm.vtrace=false"])}
 
 
-def run(graph: str, seed: int, threshold: float, budget: int | None) -> dict:
+def run(graph: str, seed: int, threshold: float, budget: int | None,
+        cores: str | None = None, timeout_s: float | None = None) -> dict:
     base, extra = VARIANTS.get(graph, (graph, []))
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = str(Path(tmp) / "run")
-        cmd = [sys.executable, str(ROOT / "run.py"), "run", str(ROOT / "graphs" / f"{base}.yaml"),
+        cmd = ["taskset", "-c", cores] if cores else []
+        cmd += [sys.executable, str(ROOT / "run.py"), "run", str(ROOT / "graphs" / f"{base}.yaml"),
                "--run-dir", run_dir, "--quiet", "--seed", str(seed),
                "--set", f"nodes.evaluator.config.stop_at_return={threshold}"]
         if budget:
             cmd += ["--set", f"nodes.learner.config.num_env_steps={budget}"]
         for s in extra:
             cmd += ["--set", s]
+        if timeout_s:
+            cmd += ["--set", f"run.duration_s={timeout_s}", "--set", "run.on_duration=stop"]
         t0 = time.time()
-        code = subprocess.run(cmd, cwd=ROOT).returncode
+        code = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL).returncode
         wall = time.time() - t0
         with open(Path(run_dir) / "metrics.jsonl") as f:
             records = [json.loads(line) for line in f]
@@ -78,13 +84,34 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--threshold", type=float, default=8.0)
     ap.add_argument("--budget", type=int, default=None, help="env-step budget of every run")
+    ap.add_argument("--timeout", type=float, default=None, help="seconds a run may last")
+    ap.add_argument("--parallel", type=int, default=1, help="runs at a time, each pinned")
+    ap.add_argument("--cores-per-run", type=int, default=2)
     args = ap.parse_args(argv)
+    jobs = [(graph, seed) for seed in (int(s) for s in args.seeds.split(","))
+            for graph in args.graphs]
     results = []
-    for seed in (int(s) for s in args.seeds.split(",")):
-        for graph in args.graphs:
-            r = run(graph, seed, args.threshold, args.budget)
-            print(json.dumps(r), flush=True)
-            results.append(r)
+    if args.parallel <= 1:
+        for graph, seed in jobs:
+            results.append(run(graph, seed, args.threshold, args.budget, None, args.timeout))
+            print(json.dumps(results[-1]), flush=True)
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        free = [",".join(str(i * args.cores_per_run + c) for c in range(args.cores_per_run))
+                for i in range(args.parallel)]
+
+        def pinned(job):
+            cores = free.pop()
+            try:
+                return run(*job, args.threshold, args.budget, cores, args.timeout)
+            finally:
+                free.append(cores)
+
+        with ThreadPoolExecutor(args.parallel) as pool:
+            for r in pool.map(pinned, jobs):
+                print(json.dumps(r), flush=True)
+                results.append(r)
     summary = {}
     for graph in args.graphs:
         mine = [r for r in results if r["graph"] == graph]

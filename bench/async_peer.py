@@ -37,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SF_PYTHON = ROOT / "bench" / ".venv-sf" / "bin" / "python"
 FRAMESKIP = 4
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _SF_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
 _SF_FRAMES = re.compile(r"Total num frames: (\d+)")
 _SF_LAG = re.compile(r"Policy #0 lag: \(min: ([\d.-]+), avg: ([\d.-]+), max: ([\d.-]+)\)")
@@ -104,7 +105,7 @@ def run_sample_factory(window: float, warmup: float, vtrace: bool) -> dict:
             except subprocess.TimeoutExpired:
                 proc.kill()
     points, lags, returns, frames = [], [], [], 0
-    for line in lines:
+    for line in (_ANSI.sub("", raw) for raw in lines):
         stamp = _SF_TIME.match(line)
         if (m := _SF_FRAMES.search(line)) and stamp:
             at = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
