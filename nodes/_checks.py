@@ -7,7 +7,7 @@ file:line, before any process starts.
 
 from __future__ import annotations
 
-from pipeline.kinds import register_graph_check
+from pipeline.kinds import register_graph_check, register_progress
 from typedconfig import ConfigError
 
 # Kinds that step environments and number them from ``replica * num_envs``.
@@ -165,3 +165,13 @@ def learner_batches_can_be_filled(graph) -> None:
                                   f"limiter can ever allow (2 x spi_tolerance = "
                                   f"{2 * replay.spi_tolerance:g}): raise spi_tolerance or "
                                   f"lower the batch")
+
+
+# What progress means for each RL kind, for the supervisor's progress watchdog
+# (pipeline.liveness): numeric status values that grow while the node gets work done, added
+# to the messages it moves on reliable topics. A learner's version and a runner's steps move
+# even where no reliable topic does (an offline graph: a replay store of datasets, a learner).
+PROGRESS = {"learner": ("version", "iteration"), "unroller": ("env_steps",),
+            "env_runner": ("steps",), "replay_store": ("inserted", "sampled")}
+for _kind, _keys in PROGRESS.items():
+    register_progress(_kind, _keys)

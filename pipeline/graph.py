@@ -49,7 +49,7 @@ IPC_PATH_MAX = 107  # bytes in a unix socket path (sun_path, with its NUL)
 IPC_DIR_ROOM = 25
 IPC_NAME_ROOM = len(".00~000000..tap")
 RUN_KEYS = {"directory", "duration_s", "stop_when", "heartbeat_s", "heartbeat_timeout_s",
-            "membership_timeout_s", "grace_s", "transport", "ready_timeout_s", "interface", "insecure", "launcher",
+            "membership_timeout_s", "stall_timeout_s", "grace_s", "transport", "ready_timeout_s", "interface", "insecure", "launcher",
             "ray_address", "on_duration"}
 ON_DURATION = ("fail", "stop")
 LOOPBACK = ("127.0.0.1", "localhost", "lo", "::1")
@@ -264,6 +264,12 @@ def _validate_run(spec: dict, nodes: dict, lines: Lines) -> RunSpec:
     if duration is not None and duration <= 0:
         raise lines.error(("run", "duration_s"), f"must be > 0, got {duration}")
     stop_when = names_list(spec.get("stop_when"), ("run", "stop_when"), lines)
+    if "stall_timeout_s" in spec:
+        stall = typed(spec["stall_timeout_s"], float | None, ("run", "stall_timeout_s"), lines,
+                      minimum=0.001)
+        extra = {"stall_timeout_s": stall}
+    else:
+        extra = {}
     for i, n in enumerate(stop_when):
         if n not in nodes:
             raise lines.error(("run", "stop_when", i), f"unknown node {n!r}")
@@ -292,7 +298,7 @@ def _validate_run(spec: dict, nodes: dict, lines: Lines) -> RunSpec:
     run = RunSpec(directory=directory, duration_s=duration, stop_when=stop_when,
                   transport=transport, interface=interface, insecure=insecure,
                   launcher=launcher, ray_address=ray_address, on_duration=on_duration,
-                  **numbers)
+                  **numbers, **extra)
     if run.heartbeat_timeout_s < 2 * run.heartbeat_s:
         # One late heartbeat must not get a healthy node killed (in a loop, every timeout).
         at = "heartbeat_timeout_s" if "heartbeat_timeout_s" in spec else "heartbeat_s"

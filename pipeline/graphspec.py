@@ -68,6 +68,9 @@ class RunSpec:
     # Reliable topics drop a member silent this long (its messages go to the rest of its
     # group); above heartbeat_timeout_s, so a stopped node is restarted before it is evicted.
     membership_timeout_s: float = 60.0
+    # Nothing moved in the whole graph for this long (pipeline.liveness): the waiting nodes
+    # are restarted, and a second stall in a row fails the run. None: not watched.
+    stall_timeout_s: float | None = 300.0
     grace_s: float = 15.0
     transport: str = "ipc"
     ready_timeout_s: float = 120.0

@@ -42,11 +42,12 @@ from typing import Any
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-DECLARATIONS = ("Config", "PORTS", "validate", "exclusive")
+DECLARATIONS = ("Config", "PORTS", "validate", "exclusive", "PROGRESS")
 
 _KINDS: dict[str, str] = {}  # kind name -> module path, imported on first use
 _GRAPH_CHECKS: list[Callable] = []
 _SECTIONS: dict[str, type] = {}  # top-level graph key -> its config dataclass
+_PROGRESS: dict[str, tuple] = {}  # kind name -> status keys that grow while it gets work done
 
 
 class UnknownKind(LookupError):
@@ -67,6 +68,7 @@ class Kind:
     ports: Any = None  # Ports, a function of the config returning Ports, or None (unchecked)
     validate: Callable | None = None
     exclusive: Callable | None = None  # exclusive(config) -> bool; see the module docstring
+    progress: tuple = ()  # status keys that grow while it works (register_progress)
 
 
 def register(name: str, module: str) -> None:
@@ -105,6 +107,21 @@ def register_section(name: str, config_cls: type) -> None:
     if not NAME_RE.match(name):
         raise ValueError(f"section names use letters, digits and '_': {name!r}")
     _SECTIONS[name] = config_cls
+
+
+def register_progress(kind: str, keys) -> None:
+    """Declare what progress means for ``kind``: numeric status keys that grow while it gets
+    work done (a learner's version, a runner's env steps). The supervisor's progress watchdog
+    (:mod:`pipeline.liveness`) adds them to the messages a node moves on reliable topics; the
+    pipeline does not know what they mean. A kind module may declare ``PROGRESS`` instead."""
+    _PROGRESS[kind] = tuple(keys)
+
+
+def progress_of(kind: str) -> tuple:
+    """The status keys ``kind`` declared as progress (registered, or its ``PROGRESS``)."""
+    if kind in _PROGRESS:
+        return _PROGRESS[kind]
+    return resolve(kind).progress
 
 
 def sections() -> dict[str, type]:
@@ -149,7 +166,8 @@ def resolve(kind: str) -> Kind:
         found[name] = next((getattr(source, name) for source in sources
                             if getattr(source, name, None) is not None), None)
     return Kind(name=kind, run=run, config_cls=found["Config"], ports=found["PORTS"],
-                validate=found["validate"], exclusive=found["exclusive"])
+                validate=found["validate"], exclusive=found["exclusive"],
+                progress=tuple(found["PROGRESS"] or ()))
 
 
 def import_modules(names, directory: str | None = None) -> None:

@@ -27,7 +27,7 @@ import time
 
 import zmq
 
-from pipeline import codec, curve, launchers, teardown, wiring
+from pipeline import codec, curve, launchers, liveness, teardown, wiring
 from pipeline.commands import COMMANDS
 from pipeline.forkserver import ForkServer
 from pipeline.graph import Graph
@@ -453,19 +453,6 @@ class Supervisor:
 
     # --- the run --------------------------------------------------------------------------------
 
-    async def _heartbeat_watchdog(self) -> None:
-        timeout = self.graph.run.heartbeat_timeout_s
-        while True:
-            await asyncio.sleep(self.graph.run.heartbeat_s)  # a period, not a synchronization
-            now = time.monotonic()
-            for inc in list(self.incarnations.values()):
-                if inc.last_heartbeat and now - inc.last_heartbeat > timeout and \
-                        not inc.exited.is_set():
-                    log.error("%s sent no heartbeat for %.0fs: killing it",
-                              inc.launch.incarnation, now - inc.last_heartbeat)
-                    inc.failure = f"no heartbeat for {now - inc.last_heartbeat:.0f}s"
-                    launchers.kill(inc.process)
-
     async def _watch_completion(self) -> None:
         """The run ends when any ``run.stop_when`` node finishes its work (exit 0)."""
         stop_when = self.graph.run.stop_when
@@ -496,7 +483,8 @@ class Supervisor:
             loop.add_signal_handler(sig, self.end, f"signal {sig.name}")
         self._bind()
         helpers = [self.guarded(self._serve_control(), "the control endpoint"),
-                   self.guarded(self._heartbeat_watchdog(), "the heartbeat watchdog"),
+                   self.guarded(liveness.heartbeat_watchdog(self), "the heartbeat watchdog"),
+                   self.guarded(liveness.progress_watchdog(self), "the progress watchdog"),
                    self.guarded(self._watch_completion(), "the stop condition")]
         if progress is not None:
             helpers.append(self.guarded(progress(self), "the progress line"))
