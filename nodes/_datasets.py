@@ -17,8 +17,34 @@ import os
 import re
 
 from pipeline.cli import EXIT_OK, UsageError, register_command
+from pipeline.kinds import register_graph_check
+from typedconfig import ConfigError
 
 _ID = re.compile(r"^[-_\w]+-v\d+$")
+
+
+@register_graph_check
+def datasets_fit_the_graph(graph) -> None:
+    """A replay store's datasets agree with its inputs: an offline store (no ``experience``)
+    samples only its datasets and has nothing to rate-limit against; a hybrid one must leave
+    room in each batch for the experience it subscribes to."""
+    for name, spec in graph.nodes.items():
+        if spec.kind != "replay_store" or not graph.configs[name].datasets:
+            continue
+        config, key = graph.configs[name], f"nodes.{name}.config"
+        if "experience" in spec.subscribes:
+            if config.offline_share >= 1.0:
+                raise ConfigError(f"{key}.offline_share", "is 1.0, so the experience this "
+                                  "store subscribes to is never sampled: set it below 1 "
+                                  "(hybrid) or drop the experience input (offline)")
+        else:
+            if config.offline_share < 1.0:
+                raise ConfigError(f"{key}.offline_share", f"is {config.offline_share} but "
+                                  f"{name} has no experience input to draw the rest from: "
+                                  f"set 1.0 (offline) or subscribe it to experience")
+            if config.samples_per_insert is not None:
+                raise ConfigError(f"{key}.samples_per_insert", "nothing is inserted in an "
+                                  "offline graph (no experience input): remove it")
 
 
 def check_dataset(path: str, agent):
