@@ -76,6 +76,17 @@ def write_checkpoint(root: str, states: dict, env_steps: int, sequence: int,
     tmp = os.path.join(root, f".tmp-{name}")
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
+    try:
+        return _write_into(tmp, root, name, states, env_steps, previous)
+    except BaseException:
+        # Whatever failed (ENOSPC, EIO, torch.save's RuntimeError on a short write): a partial
+        # directory that nothing loads would only take the space the next attempt needs.
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _write_into(tmp: str, root: str, name: str, states: dict, env_steps: int,
+                previous: str | None) -> str:
     import torch
 
     hashes = {}
@@ -134,6 +145,19 @@ def _last_sequence(root: str) -> int:
     return max(numbers)
 
 
+def remove_partial(root: str) -> list[str]:
+    """Remove the hidden partial directories (``.tmp-ckpt-*``) an earlier incarnation left
+    when it was killed while writing: nothing loads them, and on a full disk they hold the
+    space a new checkpoint needs. Only the run's one checkpointer writes there."""
+    removed = []
+    if os.path.isdir(root):
+        for name in sorted(os.listdir(root)):
+            if name.startswith(".tmp-ckpt-"):
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+                removed.append(name)
+    return removed
+
+
 def prune(root: str, keep: int) -> None:
     done = sorted(d for d in os.listdir(root) if d.startswith("ckpt-"))
     for name in done[:-keep]:
@@ -166,6 +190,8 @@ async def run(config: Config, node, ready) -> dict:
     clients = {name: bus.client(name) for name in config.services}
     root = os.path.join(node.info.run_dir, "checkpoints")
     sequence = _last_sequence(root)
+    for name in remove_partial(root):
+        log.warning("removed %s, a checkpoint an earlier incarnation did not finish", name)
     written = []
     # One checkpoint at a time: a requested one waits for a scheduled one under way.
     writing = asyncio.Lock()
@@ -231,10 +257,12 @@ async def run(config: Config, node, ready) -> dict:
         except TimeoutError as exc:  # a node is restarting: try again next time
             log.warning("checkpoint skipped: %s", exc)
             return True
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure is this attempt's, not the node's
+            # Not only OSError: torch.save on a nearly full disk raises RuntimeError
+            # ("unexpected pos"), a state that does not serialize raises what it raises.
             node.status["warning"] = (f"checkpoint not written: {type(exc).__name__}: {exc}; "
                                      f"retrying every {retry_s:g}s")
-            log.error("%s", node.status["warning"])
+            log.error("%s", node.status["warning"], exc_info=not isinstance(exc, OSError))
             return False
         if node.status.pop("warning", None):
             log.warning("checkpoints are written again")

@@ -348,7 +348,7 @@ def _supervise(graph, run_dir: str, resume: str | None, quiet: bool,
 
     import uvloop
 
-    from pipeline import forkserver
+    from pipeline import diskio, forkserver
     from pipeline.supervisor import Supervisor
 
     secret = _new_secret(run_dir)
@@ -356,7 +356,7 @@ def _supervise(graph, run_dir: str, resume: str | None, quiet: bool,
     # loop or any ZeroMQ context exists: nodes will be forks of this state.
     server = forkserver.start()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s",
-                        handlers=[logging.FileHandler(os.path.join(run_dir, "supervisor.log"))])
+                        handlers=[diskio.QuietFileHandler(os.path.join(run_dir, "supervisor.log"))])
     print(f"run directory: {run_dir}", file=sys.stderr)
     if resume:
         print(f"resuming from {resume}", file=sys.stderr)

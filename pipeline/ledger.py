@@ -22,15 +22,25 @@ writes it into ``summary.json``. No RL here: nodes say what a message's items ar
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import logging
 import os
 import struct
 
 import numpy as np
 
+log = logging.getLogger(__name__)
+
 RECORD = np.dtype([("sender", "<u4"), ("seq", "<u4"), ("items", "<u4")])
 _PACK = struct.Struct("<III").pack  # one RECORD
 CLOSED = 0xFFFFFFFF  # the seq of a sender's last record: it ended with everything acknowledged
 ROLES = ("sent", "stored")
+# Records held in memory while the disk refuses them (ENOSPC, EIO): beyond this many the oldest
+# writes are given up and counted. A consumer's ledger never gets near it: it holds back its
+# acknowledgements meanwhile, so its publishers stop sending once its credit is used up.
+PENDING_MAX = 1 << 20
+RETRY_S, RETRY_MAX_S = 0.1, 5.0  # first retry of a refused write, doubling up to this
 
 
 class Ledger:
@@ -56,6 +66,20 @@ class Ledger:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self._names = os.open(self.path + ".senders", os.O_WRONLY | os.O_APPEND | os.O_CREAT,
                               0o600)
+        # Disk trouble: writes the disk refused, in order (fd, bytes), retried with backoff.
+        # As a gate of Bus.hold_acks (seq, completed_through: records made, records on disk) a
+        # consumer acknowledges nothing it handled while its record is not written: it stops
+        # acknowledging rather than exiting, and nothing is lost.
+        self._pending: collections.deque = collections.deque()
+        self.seq = self.completed_through = 0
+        self.given_up = 0  # records dropped past PENDING_MAX (counted, reported)
+        self._retry: asyncio.TimerHandle | None = None
+        self._delay = RETRY_S
+        self.write = os.write  # the one writer (a test injects a failing one)
+        # on_trouble(message or None): a new episode of trouble, and its end; on_written():
+        # held records reached the disk (the bus may acknowledge again).
+        self.on_trouble = lambda message: None
+        self.on_written = lambda: None
 
     def recorded(self, sender: str, seq: int) -> bool:
         """Whether this message was recorded before (a redelivery after a restart)."""
@@ -66,19 +90,85 @@ class Ledger:
         if index is None:  # the name goes to disk before any record that refers to it
             index = self._index[sender] = len(self.senders)
             self.senders.append(sender)
-            os.write(self._names, sender.encode() + b"\n")
-        os.write(self._fd, _PACK(index, seq, items))
+            self._append(self._names, sender.encode() + b"\n")
+        self.seq += 1
+        self._append(self._fd, _PACK(index, seq, items))
+        if not self._pending:
+            self.completed_through = self.seq
         if seq > self.last_seq.get(sender, 0):
             self.last_seq[sender] = seq
         self.items += items
         if seq != CLOSED:
             self.last_record = (sender, seq, items)
 
+    def _append(self, fd: int, data: bytes) -> None:
+        if not self._pending:
+            try:
+                if self.write(fd, data) == len(data):
+                    return
+                raise OSError(f"short write to {self.path}")  # a record must be whole
+            except OSError as exc:
+                self._trouble(exc)
+        if len(self._pending) >= PENDING_MAX:
+            self._pending.popleft()
+            self.given_up += 1
+        self._pending.append((fd, data, self.seq))
+        self._schedule()
+
+    def _trouble(self, exc: OSError) -> None:
+        message = (f"ledger {self.path} not written ({exc.strerror or exc}): holding "
+                   f"acknowledgements and retrying")
+        log.error("%s", message)
+        self.on_trouble(message)
+
+    def _schedule(self) -> None:
+        if self._retry is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop (a script): flush() retries
+                return
+            self._retry = loop.call_later(self._delay, self._retry_now)
+            self._delay = min(RETRY_MAX_S, self._delay * 2)
+
+    def _retry_now(self) -> None:
+        self._retry = None
+        self.flush()
+
+    def flush(self) -> bool:
+        """Write what the disk refused before, in order; True once nothing is held."""
+        pending = self._pending
+        if not pending:
+            return True
+        while pending:
+            fd, data, seq = pending[0]
+            try:
+                written = self.write(fd, data)
+            except OSError:
+                self._schedule()
+                return False
+            if written != len(data):  # a torn record: cut it off (as _read does) and retry
+                os.ftruncate(fd, os.fstat(fd).st_size - written)
+                self._schedule()
+                return False
+            pending.popleft()
+            self.completed_through = seq if pending else self.seq
+        self._delay = RETRY_S
+        log.warning("ledger %s written again", self.path)
+        self.on_trouble(None)
+        self.on_written()
+        return True
+
     def close_sender(self, sender: str) -> None:
         """Mark ``sender`` as ended with everything it sent acknowledged."""
         self.record(sender, CLOSED, 0)
 
     def close(self) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        if self._pending and not self.flush():
+            log.error("ledger %s: %d records could not be written", self.path,
+                      len(self._pending))
         if self._fd >= 0:
             os.close(self._fd)
             os.close(self._names)

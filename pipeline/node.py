@@ -31,6 +31,7 @@ import zmq
 import typedconfig as configlib
 from pipeline import codec, gcpolicy, kinds, reliable
 from pipeline.bus import Bus, TopicSpec
+from pipeline.diskio import QuietFileHandler
 from pipeline.ledger import Ledger
 from pipeline.messages import (
     REPLACED,
@@ -134,7 +135,19 @@ class NodeContext:
             return None
         ledger = Ledger(self.info.run_dir, topic, self.info.instance, role)
         self._ledgers.append(ledger)
+        # A disk that refuses the ledger (full, failing) is a status warning, shown on the
+        # terminal, and a consumer holds its acknowledgements until the records are written.
+        ledger.on_trouble = self._ledger_trouble
+        if role == "stored":
+            self.bus.hold_acks(ledger)
+            ledger.on_written = self.bus.on_output_acknowledged
         return ledger
+
+    def _ledger_trouble(self, message: str | None) -> None:
+        if message is not None:
+            self.status["warning"] = message
+        elif self.status.get("warning", "").startswith("ledger "):
+            del self.status["warning"]
 
     def close_ledgers(self, acknowledged: bool) -> None:
         """At the end: with everything it published acknowledged, this incarnation's sent
@@ -364,7 +377,7 @@ class _Control:
 def configure_logging(log_path: str | None, instance: str) -> None:
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log_path:
-        handlers = [logging.FileHandler(log_path)]
+        handlers = [QuietFileHandler(log_path)]
     logging.basicConfig(level=logging.INFO, handlers=handlers, force=True,
                         format=f"%(asctime)s {instance} %(levelname)s %(name)s: %(message)s")
 

@@ -27,7 +27,7 @@ import time
 
 import zmq
 
-from pipeline import codec, curve, launchers, liveness, teardown, wiring
+from pipeline import codec, curve, diskio, launchers, liveness, teardown, wiring
 from pipeline.commands import COMMANDS
 from pipeline.forkserver import ForkServer
 from pipeline.graph import Graph
@@ -151,8 +151,9 @@ class Supervisor:
                                     self.run_dir, self.sock_dir, self.control_endpoint,
                                     kind=watcher.kind, config=watcher.config, resume=resume,
                                     curve=self._curve_spec(watcher.node))
-        path = os.path.join(self.run_dir, "launch", f"{launch.incarnation}.json")
-        launch.dump(path)
+        path = diskio.dump_launch(launch, os.path.join(self.run_dir, "launch",
+                                                       f"{launch.incarnation}.json"),
+                                  self.sock_dir)
         inc = Incarnation(launch)
         self.incarnations[launch.incarnation] = inc  # before it runs: its hello must find it
         try:

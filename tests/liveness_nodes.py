@@ -52,3 +52,35 @@ async def silent_server(config, node, ready):
 async def wait_forever(config, node, ready):
     ready()
     await asyncio.Event().wait()
+
+
+async def memory_sink(config, node, ready):
+    """Counts every origin of ``doubled`` in memory (no files while it runs: the disk-trouble
+    test fills the disk under the run) and writes ``memory_sink.json`` at the end, retrying
+    until the disk takes it."""
+    import json
+
+    expected = int(config.get("expected", 1000))
+    seen = bytearray(expected + 1)
+    duplicates = 0
+    sub = node.bus.subscriber("doubled")
+    ready()
+    received = 0
+    async for envelope in sub:
+        origin = envelope.message.origin
+        if seen[origin]:
+            duplicates += 1
+        seen[origin] = 1
+        received += 1
+        node.status["received"] = received
+        if received - duplicates >= expected:
+            break
+    result = {"unique": sum(seen), "duplicates": duplicates}
+    path = os.path.join(node.info.run_dir, "memory_sink.json")
+    while True:
+        try:
+            with open(path, "w") as f:
+                json.dump(result, f)
+            return result
+        except OSError:
+            await asyncio.sleep(0.1)  # a retry period while the disk is full
