@@ -62,6 +62,13 @@ class WatcherHost(Protocol):
     def log_path(self, watcher: Watcher) -> str: ...
 
 
+def recent_failures(failures: list[float], now: float, window_s: float) -> list[float]:
+    """The failure times within ``window_s`` of ``now``, ``now`` included: a crash loop is
+    ``max_failures`` of them. Older failures are forgotten, so a long run with rare failures
+    never adds up to a crash loop."""
+    return [t for t in failures if now - t <= window_s] + [now]
+
+
 class Watcher:
     """Keeps one replica (``<node>.<replica>``) running according to its restart policy."""
 
@@ -157,8 +164,7 @@ class Watcher:
                                  f"and its restart policy is 'never'; see "
                                  f"{self.sup.log_path(self)}")
                 break
-            now = time.monotonic()
-            self.failures = [t for t in self.failures if now - t <= policy.window_s] + [now]
+            self.failures = recent_failures(self.failures, time.monotonic(), policy.window_s)
             if len(self.failures) >= policy.max_failures:
                 self._end_failed(
                     "crash-loop",

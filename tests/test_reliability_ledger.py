@@ -10,8 +10,10 @@ import signal
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from pipeline.ledger import RECORD, Ledger, reconcile
+from pipeline.ledger import CLOSED, RECORD, Ledger, reconcile
 from tests.pipeline_harness import ROOT, LiveRun
 from tests.test_reliability_replay_restart import _status, _wait
 
@@ -78,6 +80,36 @@ def test_reconcile_finds_a_message_stored_twice_across_shards_and_incarnations(t
 def test_no_ledger_directory_reconciles_to_nothing(tmp_path):
     assert reconcile(str(tmp_path)) == {}
     assert RECORD.itemsize == 12 and np.dtype(RECORD).names == ("sender", "seq", "items")
+
+
+_SEQ = st.integers(1, CLOSED - 1)  # up to 2^32 - 2: CLOSED marks a sender's end
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.tuples(st.sampled_from(["u.0~1", "u.0~2", "a.1~7", "b.0~3"]),
+                               st.one_of(_SEQ, st.sampled_from([1, 65_536, 65_537, 1 << 31])),
+                               st.integers(0, 9)), max_size=40),
+       split=st.integers(0, 40))
+def test_reconcile_counts_as_a_dictionary_would(tmp_path_factory, rows, split):
+    """The class, not the case: random senders and sequence numbers anywhere up to 2^32 (so
+    seq 1 and 65,537 of two senders, which a key packed as ``sender << 16 | seq`` confuses),
+    written by two consumer replicas, reconcile to what a plain dictionary counts.
+    Mutations this catches: the key packed with ``<< 16`` (sequence numbers from 65,536 on
+    collide with the next sender's), items summed over every row instead of once per key."""
+    tmp_path = tmp_path_factory.mktemp("ledgers")
+    _stored(tmp_path, "r.0", rows[:split])
+    _stored(tmp_path, "r.1", rows[split:])
+    counts, items = {}, {}
+    for sender, seq, n in rows:
+        counts[sender, seq] = counts.get((sender, seq), 0) + 1
+        items.setdefault((sender, seq), n)  # the first record's items count
+    out = reconcile(str(tmp_path)).get("t", {}).get("consumers", {}).get("r")
+    if not rows:
+        assert out is None or out["stored"] == 0
+        return
+    assert out["stored"] == sum(items.values())
+    assert out["stored_twice"] == sum(1 for c in counts.values() if c > 1)
+    assert out["unaccounted"] == sum(items.values())  # no sent ledgers here
 
 
 def _training_run(tmp_path, storage_dir: str) -> LiveRun:

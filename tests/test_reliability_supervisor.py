@@ -77,3 +77,20 @@ def test_a_supervisor_task_that_dies_fails_the_run_in_one_line(tmp_path):
     assert sup.stop_event.is_set() and sup.ended_by == "failure"
     assert sup.failure.startswith("supervisor error in the heartbeat watchdog: "
                                   "RuntimeError: boom (traceback in ")
+
+
+def test_the_crash_loop_window_forgets_old_failures():
+    """A long run with rare failures never adds up to a crash loop: only failures within
+    ``window_s`` count (mutation caught: old failures never forgotten, which turned a run with
+    a failure every 20 minutes into a crash loop after five of them)."""
+    from pipeline.watcher import recent_failures
+
+    failures: list[float] = []
+    for now in (0.0, 100.0, 200.0, 300.0, 400.0, 500.0):  # one failure per 100 s, window 60 s
+        failures = recent_failures(failures, now, 60.0)
+        assert failures == [now]
+    for now in (510.0, 520.0, 530.0):  # a burst: every failure in the window counts
+        failures = recent_failures(failures, now, 60.0)
+    assert failures == [500.0, 510.0, 520.0, 530.0]
+    assert recent_failures(failures, 580.0, 60.0) == [520.0, 530.0, 580.0]  # 60 s back: kept
+
