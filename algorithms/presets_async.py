@@ -18,8 +18,8 @@ PRESETS: dict[str, Preset] = {
     "impala-CartPole-v1": Preset(
         "CartPole-v1", 200_000, 475.0,
         algorithm=ImpalaConfig(
-            actor_fc_layer_params=[64, 64], value_fc_layer_params=[64, 64], learning_rate=1e-3,
-            gamma=0.98, td_lambda=1.0, entropy_regularization=0.0, td_loss_weight=0.5,
-            num_epochs=1, mini_batch_size=256, normalize_advantages=True),
+            actor_fc_layer_params=[64, 64], value_fc_layer_params=[64, 64], learning_rate=3e-4,
+            gamma=0.98, td_lambda=1.0, entropy_regularization=0.01, td_loss_weight=0.5,
+            num_epochs=1, mini_batch_size=256, normalize_advantages=False),
         trainer=dict(num_envs=8, unroll_length=32, eval_interval=5000)),
 }

@@ -251,3 +251,58 @@ def test_more_epochs_and_mini_batches(name):
     per_epoch = 3 if name == "impala" else math.ceil(
         int((exp.step_type[:-1] != StepType.LAST).sum()) / 14)
     assert alg.num_updates == 3 * per_epoch
+
+
+def train_lagged(alg, env_id: str, lag: int, budget: int, threshold: float, seed: int,
+                 num_envs: int = 8, unroll_length: int = 32, eval_interval: int = 5000):
+    """The reference trainer's on-policy loop with a fixed policy lag: the acting copy holds
+    the parameters of ``lag`` updates ago. Returns the env steps at the first greedy
+    evaluation that reached ``threshold`` (None if none did)."""
+    from collections import deque
+
+    from algorithms.evaluation import evaluate
+    from algorithms.steps import VectorEnvStepper, make_vector_env
+    from algorithms.sync_trainer import _numpy_experience, stack_experience
+
+    env = make_vector_env(env_id, num_envs, seed, training=True)
+    stepper = VectorEnvStepper(env, seed)
+    actor, published = copy.deepcopy(alg), deque()
+    ts = stepper.reset()
+    step = actor.rollout_step(ts, actor.get_initial_state(num_envs))
+    cur, steps, next_eval = _numpy_experience(ts, step), 0, eval_interval
+    try:
+        while steps < budget:
+            rows = [cur]
+            for _ in range(unroll_length):
+                ts = stepper.step(cur.action)
+                step = actor.rollout_step(ts, step.state)
+                cur = _numpy_experience(ts, step)
+                rows.append(cur)
+                steps += num_envs
+            alg.train_on(stack_experience(rows))
+            published.append({k: v.clone() for k, v in alg.policy_state_dict().items()})
+            while len(published) > lag:
+                actor.load_policy_state_dict(published.popleft())
+            if steps >= next_eval:
+                next_eval += eval_interval
+                if evaluate(alg, env_id, 10, seed=10_000 + seed).mean_return >= threshold:
+                    return steps
+    finally:
+        env.close()
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("key,lag", [("appo-CartPole-v1", 8), ("impala-CartPole-v1", 8)])
+def test_learns_cartpole_under_a_policy_lag(key, lag):
+    """The presets reach 475 when every unroll was acted on by parameters ``lag`` updates old
+    (seeds 0-2, within the preset's budget)."""
+    from algorithms.presets import PRESETS, make_algorithm
+
+    p = PRESETS[key]
+    for seed in range(3):
+        reached = train_lagged(make_algorithm(p, seed), p.env_id, lag, p.budget, p.threshold,
+                               seed, p.trainer["num_envs"], p.trainer["unroll_length"],
+                               p.trainer["eval_interval"])
+        assert reached is not None, f"{key} seed {seed} lag {lag}: not {p.threshold}"
