@@ -76,3 +76,58 @@ def test_normalize_advantages():
     torch.testing.assert_close(n[:3], torch.tensor([-1.2247, 0.0, 1.2247]), atol=1e-4, rtol=0)
     full = value_ops.normalize_advantages(a)
     assert abs(float(full.mean())) < 1e-6 and abs(float(full.std(unbiased=False)) - 1) < 1e-4
+
+
+# Distinct gamma and lambda (issue 37, item 6): with gamma == lambda (the cases above) a GAE
+# called with the two swapped gives the same numbers. gamma = 0.9, lambda = 0.5, V as above.
+# all_mid: deltas 1+.9*20-10 = 9, 2+.9*30-20 = 9, 3+.9*40-30 = 9; A2 = 9,
+# A1 = 9+.45*9 = 13.05, A0 = 9+.45*13.05 = 14.8725; lambda-returns A + V = 24.8725, 33.05, 39.
+# termination_inside: delta1 = 2+.9*0*30-20 = -18 (the episode ends), delta0 = 9,
+# A0 = 9+.45*(-18) = 0.9; row 2 (LAST) is masked: 0.
+# Swapped (gamma .5, lambda .9) gives deltas 1, -3, -7: every row differs.
+DISTINCT = [
+    ("all_mid", [F, M, M, M], [0, 1, 2, 3], [1, 1, 1, 1],
+     [14.8725, 13.05, 9.0], [24.8725, 33.05, 39.0]),
+    ("termination_inside", [F, M, L, F], [0, 1, 2, 0], [1, 1, 0, 1],
+     [0.9, -18.0, 0.0], [10.9, 2.0, 30.0]),
+]
+
+
+@pytest.mark.parametrize("name,st,r,d,gae,lam", DISTINCT, ids=[c[0] for c in DISTINCT])
+def test_gae_and_lambda_returns_with_distinct_gamma_and_lambda(name, st, r, d, gae, lam):
+    st, r, d, v = _t([int(s) for s in st], torch.int64), _t(r), _t(d), _t(V)
+    torch.testing.assert_close(value_ops.generalized_advantage_estimation(r, v, st, d, 0.9, 0.5),
+                               _t(gae))
+    mask = value_ops.valid_mask(st)
+    torch.testing.assert_close(value_ops.td_lambda_return(r, v, st, d, 0.9, 0.5) * mask,
+                               _t(lam) * mask)
+    from algorithms.losses import advantages_and_returns
+
+    adv, ret = advantages_and_returns(st, r, d, v, 0.9, 0.5)
+    torch.testing.assert_close(adv, _t(gae))
+    torch.testing.assert_close(ret * mask, _t(lam) * mask)
+
+
+def test_ppo_passes_its_gamma_and_lambda_in_that_order(monkeypatch):
+    """The call site too (mutation caught: PPO calling GAE with gamma and lambda swapped)."""
+    import gymnasium as gym
+    import numpy as np
+
+    import algorithms
+    from algorithms import losses, ppo
+    from algorithms.configs import PpoConfig
+    from tests.test_alg_interface import _unroll
+
+    seen = []
+
+    def spy(step_type, reward, discount, value, gamma, td_lambda, *args, **kwargs):
+        seen.append((gamma, td_lambda))
+        return losses.advantages_and_returns(step_type, reward, discount, value, gamma,
+                                             td_lambda, *args, **kwargs)
+
+    monkeypatch.setattr(ppo, "advantages_and_returns", spy)
+    obs, actions = gym.spaces.Box(-1, 1, (3,), np.float32), gym.spaces.Discrete(2)
+    alg = algorithms.make(PpoConfig(gamma=0.9, td_lambda=0.5, mini_batch_size=4, num_epochs=1),
+                          obs, actions)
+    alg.train_on(_unroll(alg, obs, actions, 4, 2, 0))
+    assert seen == [(0.9, 0.5)]
