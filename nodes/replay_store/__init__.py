@@ -105,6 +105,8 @@ async def run(config: Config, node, ready) -> dict:
     store = ReplayStore(config, node)
     store.ledger = node.ledger("experience", "stored")
     _come_back(store, node)
+    if store.offline is not None:
+        node.status["datasets"] = store.offline.describe()
     experience = bus.subscriber("experience") if bus.subscribes("experience") else None
     priorities = bus.subscriber("priorities") if bus.subscribes("priorities") else None
     sampler = bus.server("sample")
