@@ -6,11 +6,13 @@ failed, and every error is reported (aiohttp's ``BaseRunner.cleanup``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
 import os
 import sys
+import time
 
 from pipeline import launchers
 from pipeline.ledger import reconcile
@@ -74,7 +76,21 @@ async def write_summary(sup) -> None:
                         "stop_when": list(sup.graph.run.stop_when)}
     summary["ledger"] = reconcile(sup.run_dir)  # exactly-once over the run: see ledger.py
     sup.summary = summary
-    write_json(os.path.join(sup.run_dir, "summary.json"), summary)
+    # A full or failing disk may clear (a log rotated, a checkpoint pruned): retry with
+    # backoff for a while rather than end the run without its summary.
+    path, delay, deadline = os.path.join(sup.run_dir, "summary.json"), 0.1, time.monotonic() + 10
+    while True:
+        try:
+            write_json(path, summary)
+            return
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.remove(path + ".tmp")
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("cannot write %s (%s); retrying", path, exc.strerror or exc)
+            await asyncio.sleep(delay)  # a backoff, not a synchronization
+            delay = min(2.0, delay * 2)
 
 
 

@@ -20,8 +20,15 @@ def live(live_runs):
     return functools.partial(live_runs, GRAPH)
 
 
+# A record lost leaves the sink waiting with every node healthy: the progress watchdog then
+# ends the run (exit 1, the waiting nodes named) within about twice this, instead of the test
+# waiting out its 300 s timeout (mutation caught fast: an acknowledgement one message early).
+STALL = "run.stall_timeout_s=15"
+
+
 def _kill_during_run(live, node: str, n: int, at: int, *overrides) -> tuple[dict, LiveRun]:
-    run = live(f"nodes.source.config.count={n}", f"nodes.sink.config.expected={n}", *overrides)
+    run = live(f"nodes.source.config.count={n}", f"nodes.sink.config.expected={n}", STALL,
+               *overrides)
     run.wait_ready()
     pid = run.command("status")["nodes"][f"{node}.0"]["pid"]
     run.wait_for_origin("doubled", at)
@@ -75,6 +82,6 @@ def test_a_producer_done_before_its_consumers_joined_loses_nothing(live, n):
     taken for the leftovers of consumers that are gone (the run used to wait for its
     duration, the records held by an exited source)."""
     run = live(f"nodes.source.config.count={n}", f"nodes.sink.config.expected={n}",
-               "run.duration_s=90")
+               "run.duration_s=90", STALL)
     assert run.finish(100) == 0, run.stderr
     _assert_exactly_once(run.result(), n)
