@@ -33,6 +33,7 @@ from pipeline import batch_codec, codec
 from pipeline.broadcast import Tap
 from pipeline.channel import Channel
 from pipeline.endpoint_context import EndpointContext
+from pipeline.membership import Evictions, member_timeout
 from pipeline.messages import Batch, Credit, Join, Leave, LeaveAck
 from pipeline.sockets import ZERO_COPY_MIN, bind, tap_endpoint
 from pipeline.topics import HWM_BYTES, TopicStats, partition_of
@@ -66,11 +67,7 @@ _WELCOME = b"W"
 # (``Credit(acked=0)``) every KEEPALIVE_S.
 MEMBER_TIMEOUT_S = 60.0
 KEEPALIVE_S = 10.0
-# A node process sets both from the graph's run.membership_timeout_s (set_member_timeout);
-# tests set this variable to make a partition short (it wins over the graph: the load check
-# heartbeat_timeout_s < membership_timeout_s keeps a stopped node from being evicted).
-MEMBER_TIMEOUT_ENV = "CONDUIT_MEMBER_TIMEOUT_S"
-DROPPED_KEPT = 256  # evicted members remembered so they can rejoin where they were
+# An evicted member that was alive rejoins: pipeline.membership.
 SECRET_ENV = "CONDUIT_RUN_SECRET"  # set by the supervisor for every node: Join must carry it
 ACK_DELAY_S = 0.002  # how long an idle subscriber may sit on credit below the batch size
 # How long a busy subscriber may sit on a connection's acknowledgements below the batch size: a
@@ -89,8 +86,7 @@ def set_member_timeout(seconds: float) -> None:
     """This process's membership timeout (``run.membership_timeout_s``, or the test override
     in MEMBER_TIMEOUT_ENV), and a keepalive period well inside it."""
     global MEMBER_TIMEOUT_S, KEEPALIVE_S
-    override = os.environ.get(MEMBER_TIMEOUT_ENV)
-    MEMBER_TIMEOUT_S = float(override) if override else float(seconds)
+    MEMBER_TIMEOUT_S = member_timeout(seconds)
     KEEPALIVE_S = min(10.0, MEMBER_TIMEOUT_S / 6)
 
 
@@ -108,19 +104,8 @@ class _Msg:
         self.nbytes = sum(map(_nbytes, frames)) if len(frames) > 1 else len(frames[0])
 
 
-# What a rejoining member holds of a message another member took (or that it acknowledged
-# since): it acknowledges it like any other, and that changes nothing.
+# What a rejoining member holds of a message another member took (pipeline.membership).
 _PLACEHOLDER = _Msg(0, [b""], 0)
-
-
-@dataclass
-class _Evicted:
-    """An evicted member, kept so it can rejoin with what it holds: ``held`` are the messages
-    it had when it was dropped (now back in its group's backlog), in delivery order."""
-
-    group: _Group
-    instance: str
-    held: collections.deque
 
 
 @dataclass
@@ -203,8 +188,7 @@ class ReliablePublisher:
         self._secret = os.environ.get(SECRET_ENV) or None
         self._reaper: asyncio.TimerHandle | None = None
         self._reap_due = 0.0  # loop time the reaper should run at (see _reap)
-        # routing id -> _Evicted, oldest first, at most DROPPED_KEPT
-        self._evicted: collections.OrderedDict = collections.OrderedDict()
+        self._evicted = Evictions(_PLACEHOLDER)  # members that may come back
         self._told: set[bytes] = set()  # unknown peers told to rejoin (logged once each)
 
     async def send(self, msg, key: int | None = None) -> None:
@@ -409,9 +393,7 @@ class ReliablePublisher:
         for routing_id, (_, member) in list(self._by_id.items()):
             if member is not None and member.instance in gone:
                 self._drop_member(routing_id)
-        for routing_id, evicted in list(self._evicted.items()):
-            if evicted.instance in gone:
-                del self._evicted[routing_id]
+        self._evicted.forget_instances(gone)
 
     def _send_ctrl(self, routing_id: bytes, tag: bytes, msg=None) -> None:
         frames = [routing_id, _CTRL + tag] + (codec.encode(msg) if msg else [])
@@ -447,7 +429,9 @@ class ReliablePublisher:
             group.empty_since = None
             self._by_id[routing_id] = (group, member)
             if msg.holding:
-                self._reattach(group, member, msg.holding)
+                self._evicted.reattach(group, member, msg.holding)
+                self.stats.rejoined += 1
+                self._update_depth()
             log.info("%s: %s joined %s as group %s%s", self.context.instance, msg.instance,
                      self.topic, msg.group, f" holding {msg.holding}" if msg.holding else "")
             if rejoin:
@@ -457,8 +441,11 @@ class ReliablePublisher:
         elif member is None:
             # An evicted member that was not gone (stopped, or cut off, past the timeout): what
             # it acknowledges since counts, and it is asked to join again with what it holds.
-            if isinstance(msg, Credit) and msg.acked:
-                self._late_acks(routing_id, msg.acked)
+            if isinstance(msg, Credit) and msg.acked and \
+                    self._evicted.late_acks(routing_id, msg.acked):
+                self._advance()
+                self._update_depth()
+                self._notify_progress()
             if routing_id not in self._told:
                 self._told.add(routing_id)
                 log.warning("%s: control %s from a peer that is not a member of %s; asking it "
@@ -480,41 +467,6 @@ class ReliablePublisher:
             member.leaving = True
             self._send_ctrl(routing_id, _LEAVE_ACK, LeaveAck(self.topic))
             self._pump(group)
-
-    def _late_acks(self, routing_id: bytes, acked: int) -> None:
-        """Acknowledgements an evicted member sent after it was dropped: the messages it
-        handled are done for its group, unless another member took them meanwhile."""
-        evicted = self._evicted.get(routing_id)
-        if evicted is None:
-            return
-        backlog = evicted.group.backlog
-        for _ in range(min(acked, len(evicted.held))):
-            record = evicted.held.popleft()
-            if record in backlog:
-                backlog.remove(record)
-                record.remaining -= 1
-        self._advance()
-        self._update_depth()
-        self._notify_progress()
-
-    def _reattach(self, group: _Group, member: _Member, holding: int) -> None:
-        """A member joined again holding ``holding`` unacknowledged messages: give it back
-        those still waiting in the backlog (it handles them now, nobody else), and a
-        placeholder for each one another member took, so its acknowledgements, counted in
-        order, match what it holds. Unknown to us (forgotten): all placeholders."""
-        evicted = self._evicted.pop(member.routing_id, None)
-        held = evicted.held if evicted is not None and evicted.group is group else ()
-        for i in range(holding):
-            record = held[i] if i < len(held) else _PLACEHOLDER
-            if record is not _PLACEHOLDER and record in group.backlog:
-                group.backlog.remove(record)
-                member.credit_bytes -= record.nbytes
-            else:
-                record = _PLACEHOLDER
-            member.inflight.append(record)
-        member.credit -= holding
-        self.stats.rejoined += 1
-        self._update_depth()
 
     def _start_reaper(self) -> None:
         if self._reaper is None:
@@ -570,16 +522,15 @@ class ReliablePublisher:
             return
         del group.members[routing_id]
         if remember:
-            self._evicted[routing_id] = _Evicted(group, member.instance,
-                                                 collections.deque(member.inflight))
-            while len(self._evicted) > DROPPED_KEPT:
-                self._evicted.popitem(last=False)
+            self._evicted.remember(routing_id, group, member)
         if not group.members and not group.declared:
             group.empty_since = time.monotonic()
         if member.inflight:
-            # Back to the front, in order: the next member handles them before newer ones.
-            self.stats.redelivered += len(member.inflight)
-            group.backlog.extendleft(reversed(member.inflight))
+            # Back to the front, in order: the next member handles them before newer ones
+            # (not placeholders: another member has those).
+            back = [r for r in member.inflight if r is not _PLACEHOLDER]
+            self.stats.redelivered += len(back)
+            group.backlog.extendleft(reversed(back))
             log.warning("%s: %s left %s with %d unacknowledged messages; redelivering",
                         self.context.instance, member.instance, self.topic, len(member.inflight))
         self._pump(group)

@@ -8,7 +8,7 @@ does not evict the healthy sink although its own timers ran late while it was st
 must deliver every record exactly once and exit 0 (before, the sink waited forever at the
 record it had reached, every node "running").
 
-The membership timeout is shortened with ``reliable.MEMBER_TIMEOUT_ENV`` (a test override that
+The membership timeout is shortened with ``membership.MEMBER_TIMEOUT_ENV`` (a test override that
 wins over the graph, whose load check keeps heartbeat_timeout_s below it), so this runs in
 seconds rather than the 60 s default.
 """
@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from pipeline import reliable
+from pipeline import membership
 from tests.pipeline_harness import ROOT, LiveRun
 
 GRAPH = os.path.join(ROOT, "graphs", "demo_counter.yaml")
@@ -52,7 +52,7 @@ def test_a_consumer_stopped_past_the_membership_timeout_rejoins_and_nothing_is_l
     if transport == "tcp":
         overrides += ["run.transport=tcp", "run.insecure=true"]
     run = LiveRun(str(tmp_path / "run"), GRAPH, *overrides,
-                  env={reliable.MEMBER_TIMEOUT_ENV: str(MEMBER_TIMEOUT_S)})
+                  env={membership.MEMBER_TIMEOUT_ENV: str(MEMBER_TIMEOUT_S)})
     try:
         run.wait_ready()
         pid = run.command("status")["nodes"]["transformer.0"]["pid"]
@@ -80,3 +80,34 @@ def test_a_consumer_stopped_past_the_membership_timeout_rejoins_and_nothing_is_l
         assert nodes, summary
     finally:
         run.kill()
+
+
+def test_an_evicted_member_gets_back_what_nobody_took_and_placeholders_for_the_rest():
+    """The bookkeeping of a rejoin (pipeline.membership.Evictions) on the publisher's own
+    records: late acknowledgements complete messages still in the backlog, a message another
+    member took comes back as a placeholder (acknowledging it changes nothing), and credit
+    counts what the member holds. Mutations this catches: reattaching a message another member
+    took (handled twice, acknowledged twice), acknowledging late acks against the wrong end."""
+    from pipeline import reliable
+
+    records = [reliable._Msg(seq, [b"x" * seq], 1) for seq in range(1, 6)]
+    group = reliable._Group("sink")
+    old = reliable._Member(b"m1", "sink.0", credit=0, credit_bytes=0)
+    old.inflight.extend(records[:4])
+    evictions = membership.Evictions(reliable._PLACEHOLDER)
+    evictions.remember(b"m1", group, old)
+    group.backlog.extend(records)  # the drop put its four back in front of message 5
+    assert evictions.late_acks(b"m1", 1)  # it handled message 1 while it was not a member
+    assert records[0].remaining == 0 and list(group.backlog) == records[1:]
+    group.backlog.remove(records[1])  # another member took message 2
+    new = reliable._Member(b"m1", "sink.0", credit=10, credit_bytes=1000)
+    evictions.reattach(group, new, holding=3)  # it still holds 2, 3 and 4
+    assert list(new.inflight) == [reliable._PLACEHOLDER, records[2], records[3]]
+    assert list(group.backlog) == [records[4]]
+    assert new.credit == 7 and new.credit_bytes == 1000 - 3 - 4
+    assert [r.remaining for r in records] == [0, 1, 1, 1, 1]
+    # Forgotten (or never known): it holds what it holds, all placeholders, nothing taken.
+    other = reliable._Member(b"m2", "sink.1", credit=4, credit_bytes=100)
+    evictions.reattach(group, other, holding=2)
+    assert list(other.inflight) == [reliable._PLACEHOLDER] * 2
+    assert list(group.backlog) == [records[4]] and other.credit == 2

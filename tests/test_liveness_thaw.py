@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from pipeline import reliable
+from pipeline import membership
 from tests.pipeline_harness import ROOT, LiveRun
 
 GRAPH = os.path.join(ROOT, "graphs", "demo_counter.yaml")
@@ -48,7 +48,7 @@ def test_a_run_frozen_as_a_whole_and_thawed_restarts_nothing(tmp_path):
     run = LiveRun(str(tmp_path / "run"), GRAPH, f"nodes.source.config.count={n}",
                   f"nodes.sink.config.expected={n}", "run.heartbeat_s=0.5",
                   "run.heartbeat_timeout_s=3", "run.duration_s=150",
-                  env={reliable.MEMBER_TIMEOUT_ENV: "4"})
+                  env={membership.MEMBER_TIMEOUT_ENV: "4"})
     try:
         run.wait_ready()
         run.wait_for_origin("doubled", 5_000)
