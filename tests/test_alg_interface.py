@@ -123,7 +123,7 @@ def test_metrics_read_later_are_those_of_their_update(name, obs_space, act_space
 
 @pytest.mark.parametrize("name,obs_space,act_space", CASES, ids=IDS)
 def test_importance_weights_scale_the_update(name, obs_space, act_space):
-    if name in ("ppo", "a2c"):
+    if configs.config_class(name).on_policy:
         pytest.skip("on-policy algorithms take no importance weights")
     alg = algorithms.make(SMALL[name], obs_space, act_space)
     batch = _batch(alg, obs_space, act_space)

@@ -10,6 +10,7 @@ import torch
 from algorithms import configs, registry
 from algorithms.schema import FieldSpec, SchemaError, agent_schema
 from algorithms.steps import TimeStep
+from tests.test_alg_interface import FAMILIES
 
 OBS = gym.spaces.Box(-1, 1, (4,), np.float32)
 PIXELS = gym.spaces.Box(0, 255, (10, 10, 3), np.uint8)
@@ -27,6 +28,12 @@ CASES = [
     ("a2c", {}, OBS, [DISCRETE, BOX]),
     ("random", {}, OBS, [DISCRETE, BOX]),
 ]
+# Each family's: its SCHEMA_CASES, else one case per algorithm from its interface cases.
+for _family in FAMILIES:
+    if hasattr(_family, "SCHEMA_CASES"):
+        CASES += _family.SCHEMA_CASES
+    else:
+        CASES += [(name, {}, obs, [act]) for name, obs, act in _family.CASES]
 
 
 def test_every_algorithm_is_covered():

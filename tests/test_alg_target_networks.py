@@ -13,6 +13,8 @@ import torch
 
 from algorithms import configs, registry
 from algorithms.data import Experience
+from algorithms.steps import TimeStep
+from tests.test_alg_interface import FAMILIES
 
 TAU = 0.25
 BATCH, WINDOW, OBS_DIM = 16, 2, 3
@@ -27,6 +29,11 @@ ACTION_SPACES = {
     "ppo": gym.spaces.Discrete(3),
     "a2c": gym.spaces.Discrete(3),
 }
+# Each family's: its TARGET_ACTION_SPACES, else the action space of its first interface case.
+for _family in FAMILIES:
+    for _name, _, _space in _family.CASES:
+        ACTION_SPACES.setdefault(_name, getattr(_family, "TARGET_ACTION_SPACES", {}).get(
+            _name, _space))
 
 
 def _build(name: str):
@@ -50,18 +57,27 @@ def _targets(alg) -> list[tuple[str, str]]:
     return pairs
 
 
-def _batch(action_space) -> Experience:
-    """Windows of two MID steps (nothing masked), random observations and rewards."""
+def _batch(alg, action_space) -> Experience:
+    """Windows of two MID steps (nothing masked), random observations and rewards; the
+    ``rollout_info`` (an algorithm that keeps some: TAAC's previous action) is what the
+    algorithm's own ``rollout_step`` gives on those steps."""
     g = torch.Generator().manual_seed(1)
     if isinstance(action_space, gym.spaces.Discrete):
         action = torch.randint(0, int(action_space.n), (BATCH, WINDOW), generator=g)
     else:
         action = torch.rand(BATCH, WINDOW, *action_space.shape, generator=g) * 2 - 1
-    return Experience(step_type=torch.ones(BATCH, WINDOW, dtype=torch.int64),
-                      reward=torch.randn(BATCH, WINDOW, generator=g),
-                      discount=torch.ones(BATCH, WINDOW),
-                      observation=torch.randn(BATCH, WINDOW, OBS_DIM, generator=g),
-                      action=action)
+    step_type = torch.ones(BATCH, WINDOW, dtype=torch.int64)
+    observation = torch.randn(BATCH, WINDOW, OBS_DIM, generator=g)
+    reward = torch.randn(BATCH, WINDOW, generator=g)
+    n = BATCH * WINDOW
+    step = alg.rollout_step(TimeStep(step_type.reshape(n), reward.reshape(n), torch.ones(n),
+                                     observation.reshape(n, OBS_DIM),
+                                     action.reshape(n, *action.shape[2:]), torch.arange(n)),
+                            alg.get_initial_state(n))
+    info = {k: v.reshape(BATCH, WINDOW, *v.shape[1:]) for k, v in (step.info or {}).items()
+            if isinstance(v, torch.Tensor)}
+    return Experience(step_type=step_type, reward=reward, discount=torch.ones(BATCH, WINDOW),
+                      observation=observation, action=action, rollout_info=info or ())
 
 
 def test_every_action_space_is_named():
@@ -77,7 +93,7 @@ def test_target_networks_follow_by_tau_after_an_update(name):
         pytest.skip(f"{name} has no target network")
     before = {t: {k: v.clone() for k, v in getattr(alg, t).state_dict().items()}
               for t, _ in pairs}
-    alg.train_on(_batch(ACTION_SPACES[name]))
+    alg.train_on(_batch(alg, ACTION_SPACES[name]))
     for target, online in pairs:
         now = getattr(alg, online).state_dict()
         moved = False
