@@ -9,6 +9,7 @@ ledger record before an acknowledgement) are held and retried instead: :mod:`pip
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import sys
@@ -60,14 +61,21 @@ def _say(line: str) -> None:
         print(f"\nwarning: {line}", file=sys.stderr, flush=True)
 
 
+# What a full or failing disk raises (not a run directory that is broken, e.g. its launch/
+# replaced by a file: that still fails the start, with its reason).
+DISK_TROUBLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EROFS})
+
+
 def dump_launch(launch, path: str, fallback_dir: str) -> str:
-    """Write a launch file where it belongs or, if the run directory refuses it (a full or
-    failing disk), into the run's private socket directory (mode 0700, another filesystem as
-    a rule): the node starts either way. Returns where it went."""
+    """Write a launch file where it belongs or, if the disk refuses it (full, failing,
+    read-only), into the run's private socket directory (mode 0700, another filesystem as a
+    rule): the node starts either way. Returns where it went."""
     try:
         launch.dump(path)
         return path
     except OSError as exc:
+        if exc.errno not in DISK_TROUBLE:
+            raise
         os.makedirs(fallback_dir, mode=0o700, exist_ok=True)
         other = os.path.join(fallback_dir, os.path.basename(path))
         launch.dump(other)  # this one failing too is the start's failure, with its reason

@@ -143,16 +143,21 @@ def test_a_log_file_on_a_full_disk_drops_lines_with_one_warning(capsys):
     assert "Logging error" not in err and "Traceback" not in err, err
 
 
-def test_a_launch_file_the_run_directory_refuses_goes_to_the_private_directory(tmp_path):
+def test_a_launch_file_a_full_disk_refuses_goes_to_the_private_directory(tmp_path):
     class Launch:
         def dump(self, path):
             with open(path, "w") as f:
                 f.write("{}")
+                f.flush()  # on a full disk: ENOSPC
 
     fallback = tmp_path / "private"
-    path = diskio.dump_launch(Launch(), "/dev/full/launch/x~1.json", str(fallback))
+    os.symlink("/dev/full", tmp_path / "x~1.json")  # the run directory's file, on a full disk
+    path = diskio.dump_launch(Launch(), str(tmp_path / "x~1.json"), str(fallback))
     assert path == str(fallback / "x~1.json") and os.path.exists(path)
     assert os.stat(fallback).st_mode & 0o777 == 0o700
+    # A broken run directory is not disk trouble: the start fails with its reason.
+    with pytest.raises(NotADirectoryError):
+        diskio.dump_launch(Launch(), "/dev/full/launch/x~1.json", str(fallback))
 
 
 def test_a_checkpoint_write_that_raises_anything_leaves_no_partial_directory(tmp_path,
