@@ -1,0 +1,77 @@
+"""The OAC, TAAC and PPG graphs through the real multi-process pipeline.
+
+CI runs each reference graph for a short budget (the smoke runs): every node starts, the
+algorithm's rollout info crosses unroller, replay and learner, the learner trains (PPG: an
+auxiliary phase too), an evaluation comes back, and nothing is lost on a reliable topic. The
+runs to a threshold take minutes and are marked ``slow``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import nodes.messages  # noqa: F401 - registers the RL message types for the taps
+from tests.test_graphs_training import assert_accounting, graph, learned
+
+
+@pytest.fixture
+def live(live_runs):
+    def start(name, *overrides, seed=0):
+        return live_runs(graph(name), *overrides, seed=seed)
+
+    return start
+
+
+
+SMOKE = {
+    # A short off-policy run: few random steps, sampling soon, an evaluation every 1000 steps.
+    "oac_halfcheetah": (
+        "agent.algorithm.initial_random_steps=500",
+        "nodes.replay_store.config.min_size_to_sample=500",
+        "nodes.learner.config.num_env_steps=2000",
+        "nodes.evaluator.config.eval_interval=1000",
+        "nodes.evaluator.config.num_eval_episodes=1",
+        "nodes.evaluator.config.stop_at_return=null"),
+    "taac_bipedalwalker": (
+        "agent.algorithm.initial_random_steps=500",
+        "nodes.replay_store.config.min_size_to_sample=500",
+        "nodes.learner.config.mini_batch_size=64",
+        "nodes.learner.config.num_env_steps=3000",
+        "nodes.evaluator.config.eval_interval=1000",
+        "nodes.evaluator.config.num_eval_episodes=1",
+        "nodes.evaluator.config.stop_at_return=null"),
+    # Three unrolls of 32 x 64 steps, an auxiliary phase after the second.
+    "ppg_minatar": (
+        "agent.algorithm.aux_interval=2",
+        "nodes.learner.config.num_env_steps=6144",
+        "nodes.evaluator.config.eval_interval=2048",
+        "nodes.evaluator.config.num_eval_episodes=2",
+        "nodes.evaluator.config.stop_at_return=null"),
+}
+# What only that algorithm's update reports: its own loss reached the learner's metrics.
+OWN_METRICS = {"oac_halfcheetah": {"loss/critic", "alpha"},
+               "taac_bipedalwalker": {"entropy/switch", "switch_prob", "alpha/switch"},
+               "ppg_minatar": {"aux/kl", "aux/aux_value", "loss/pg"}}
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", sorted(SMOKE))
+def test_graph_smoke_run(live, name):
+    run = live(name, *SMOKE[name])
+    assert run.finish(600) == 0, run.stderr
+    assert_accounting(run)
+    metrics = run.metrics()
+    assert any("eval/return" in m for m in metrics), "no evaluation came back"
+    seen = {k for m in metrics for k in m}
+    assert OWN_METRICS[name] <= seen, sorted(seen)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+@pytest.mark.parametrize("name,threshold,budget", [
+    ("oac_pendulum", -200, 20_000),
+    ("taac_pendulum", -200, 20_000),
+])
+def test_graph_reaches_threshold(live, name, threshold, budget):
+    run, _ = learned(lambda seed: live(name, seed=seed), threshold, budget, 1150)
+    assert_accounting(run)
