@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import logging
 import os
 import struct
@@ -104,9 +105,8 @@ class Ledger:
     def _append(self, fd: int, data: bytes) -> None:
         if not self._pending:
             try:
-                if self.write(fd, data) == len(data):
-                    return
-                raise OSError(f"short write to {self.path}")  # a record must be whole
+                self._write_whole(fd, data)
+                return
             except OSError as exc:
                 self._trouble(exc)
         if len(self._pending) >= PENDING_MAX:
@@ -114,6 +114,14 @@ class Ledger:
             self.given_up += 1
         self._pending.append((fd, data, self.seq))
         self._schedule()
+
+    def _write_whole(self, fd: int, data: bytes) -> None:
+        """One record (or name) whole, or nothing: a short write (the disk filled up under
+        it) is cut off again, so a retry never lands behind torn bytes."""
+        written = self.write(fd, data)
+        if written != len(data):
+            os.ftruncate(fd, os.fstat(fd).st_size - written)
+            raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes)")
 
     def _trouble(self, exc: OSError) -> None:
         message = (f"ledger {self.path} not written ({exc.strerror or exc}): holding "
@@ -142,12 +150,8 @@ class Ledger:
         while pending:
             fd, data, seq = pending[0]
             try:
-                written = self.write(fd, data)
+                self._write_whole(fd, data)
             except OSError:
-                self._schedule()
-                return False
-            if written != len(data):  # a torn record: cut it off (as _read does) and retry
-                os.ftruncate(fd, os.fstat(fd).st_size - written)
                 self._schedule()
                 return False
             pending.popleft()

@@ -75,6 +75,25 @@ def test_a_ledger_holds_what_the_disk_refuses_and_writes_it_in_order_later(tmp_p
     again.close()
 
 
+def test_a_record_the_disk_takes_only_in_part_is_cut_off_and_written_whole_later(tmp_path):
+    """A disk that fills under a write takes part of a record (seen on a full tmpfs): the
+    torn bytes go, so the record written later is not read behind them, out of step."""
+    book = Ledger(str(tmp_path), "t", "r.0", "stored")
+    book.record("a~1", 1, 1)
+    full = [True]
+
+    def torn(fd, data):
+        return os.write(fd, data[:5]) if full[0] else os.write(fd, data)
+
+    book.write = torn
+    book.record("a~1", 2, 1)
+    assert os.path.getsize(book.path) == RECORD.itemsize and book.completed_through == 1
+    full[0] = False
+    assert book.flush()
+    book.close()
+    assert np.fromfile(book.path, RECORD)["seq"].tolist() == [1, 2]
+
+
 def test_a_ledger_beyond_its_bound_counts_what_it_gave_up(tmp_path, monkeypatch):
     monkeypatch.setattr(ledger, "PENDING_MAX", 3)
     book = Ledger(str(tmp_path), "t", "x.0", "sent")
