@@ -13,8 +13,12 @@ transition is the paper's::
     loss    = L_pg + L_value - entropy_regularization H(pi(.|x_t))
 
 The paper makes one update per batch (``num_epochs`` 1, ``mini_batch_size`` at least the
-unroll's ``T * B``); more epochs or mini-batches are sound here because V-trace is recomputed
-with the network of each update. The paper's optimizer is RMSProp (``optimizer: rmsprop``);
+unroll's ``T * B``). More epochs or mini-batches keep the targets right (V-trace is recomputed
+with the network of each update), but nothing bounds how far the updates move the policy from
+the one that acted, as PPO's clip does: on MinAtar Breakout 16-32 updates per unroll, or
+advantages normalized per mini-batch, collapsed the policy to a deterministic one within 100k
+env steps; a few updates per unroll at a modest learning rate did not. The paper's optimizer
+is RMSProp (``optimizer: rmsprop``);
 Adam is the default, as for PPO. The networks, their options (encoders, shared encoder,
 orthogonal init, the GRU of ``rnn_size``) and ``rollout_step`` are
 :class:`~algorithms.ppo.PPOAlgorithm`'s; the mini-batches are whole columns as recurrent PPO's.
