@@ -11,6 +11,7 @@ a kind may also be ``package.module:function`` for user code.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import tempfile
 
 import yaml
@@ -304,6 +305,11 @@ def _validate_run(spec: dict, nodes: dict, lines: Lines) -> RunSpec:
         at = "heartbeat_timeout_s" if "heartbeat_timeout_s" in spec else "heartbeat_s"
         raise lines.error(("run", at), f"heartbeat_timeout_s ({run.heartbeat_timeout_s:g}) "
                           f"must be at least twice heartbeat_s ({run.heartbeat_s:g})")
+    if "membership_timeout_s" not in spec and \
+            run.heartbeat_timeout_s >= run.membership_timeout_s:
+        # Only the heartbeat timeout was raised (a slow environment, a debugger): the
+        # membership timeout follows it, so the order below holds.
+        run = dataclasses.replace(run, membership_timeout_s=2 * run.heartbeat_timeout_s)
     if run.heartbeat_timeout_s >= run.membership_timeout_s:
         # A stopped or hung node must be killed and restarted before its publishers evict
         # it: otherwise they hand its messages to others while it may still wake and act.

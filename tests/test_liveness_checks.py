@@ -55,12 +55,17 @@ def test_typedconfig_refuses_nan_and_infinity_for_every_float():
 
 
 def test_the_heartbeat_timeout_stays_below_the_membership_timeout():
-    message = _error(DEMO, "run.heartbeat_timeout_s=120")
-    assert "heartbeat_timeout_s (120) must be below membership_timeout_s (60)" in message
-    message = _error(DEMO, "run.membership_timeout_s=30")
+    # Both given, in the wrong order: refused, naming the heartbeat timeout.
+    message = _error(DEMO, "run.heartbeat_timeout_s=120", "run.membership_timeout_s=100")
+    assert "heartbeat_timeout_s (120) must be below membership_timeout_s (100)" in message
+    message = _error(DEMO, "run.membership_timeout_s=30")  # at the default heartbeat timeout
     assert "run.membership_timeout_s" in message and "must be below" in message
+    # Only the heartbeat timeout raised (the 120 s): the membership timeout follows.
+    graph = graphlib.load(DEMO, ["run.heartbeat_timeout_s=120"])
+    assert graph.run.membership_timeout_s == 240
     graph = graphlib.load(DEMO, ["run.heartbeat_timeout_s=120", "run.membership_timeout_s=200"])
     assert graph.run.membership_timeout_s == 200
+    assert graphlib.load(DEMO).run.membership_timeout_s == 60
 
 
 @pytest.mark.parametrize("overrides, expected", [
