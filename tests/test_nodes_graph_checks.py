@@ -160,8 +160,9 @@ def test_on_policy_is_read_from_the_config_class():
     reports the same, declared nowhere else."""
     from algorithms import configs
 
-    assert [n for n in sorted(configs.CONFIGS) if configs.config_class(n).on_policy] == \
-        ["a2c", "ppo"]
+    on_policy = {n for n in configs.CONFIGS if configs.config_class(n).on_policy}
+    assert {"a2c", "ppo", "impala", "appo"} <= on_policy
+    assert not on_policy & {"dqn", "sac", "qrsac", "ddpg", "td3", "random"}
     assert graphlib.load(PPO).configs["learner"].agent.on_policy
     assert not graphlib.load(DQN).configs["learner"].agent.on_policy
 
