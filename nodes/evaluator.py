@@ -159,12 +159,13 @@ async def run(config: Config, node, ready) -> dict:
         keep = ([BEST] if mean_return > best else []) + ([REACHED] if reached else [])
         # Kept before the result is published: whoever sees an eval/return finds its
         # policy on disk (a run that stops at stop_at_return included).
+        kept_all = True
         if run_dir and keep:
             info = _record(config, msg, mean_return, mean_length, reached)
             policy = alg.policy_state_dict()  # a copy, before the next parameters load
             for name in keep:
-                await asyncio.to_thread(keep_policy, os.path.join(run_dir, name), policy, info)
-        if mean_return > best:
+                kept_all &= await _keep(node, os.path.join(run_dir, name), policy, info)
+        if mean_return > best and kept_all:  # else the next evaluation that beats it retries
             best = mean_return
             node.status.update(_best(best, best_dir))
         log.info("env_steps %d version %d: eval return %.1f", msg.env_steps, msg.version,
@@ -176,6 +177,24 @@ async def run(config: Config, node, ready) -> dict:
             return {"reached": mean_return, "env_steps": msg.env_steps, "evaluations":
                     evaluations, **_best(best, best_dir)}
     return {"evaluations": evaluations, **_best(best, best_dir)}
+
+
+async def _keep(node, path: str, policy: dict, info: dict) -> bool:
+    """Write a kept policy; a disk that refuses it (full, failing, read-only: any exception
+    of the write) is a status warning, said once per episode of trouble, not the evaluator's
+    end: evaluating goes on and a later evaluation writes again."""
+    try:
+        await asyncio.to_thread(keep_policy, path, policy, info)
+    except Exception as exc:  # noqa: BLE001 - any failure of the write is the disk's
+        warning = f"policy not kept in {path}: {type(exc).__name__}: {exc}"
+        if node.status.get("warning") is None:
+            log.warning("%s (evaluating goes on)", warning)
+        node.status["warning"] = warning
+        return False
+    if str(node.status.get("warning", "")).startswith("policy not kept"):
+        node.status.pop("warning")
+        log.info("policies are kept again (%s)", path)
+    return True
 
 
 def _best(best: float, best_dir: str | None) -> dict:
