@@ -9,7 +9,10 @@ old) give the truncated importance weights, its values the baseline, and V-trace
 ``rho_t (r + gamma v_s[t+1] - V(x_t))`` (the advantages). The epochs of mini-batches are then
 PPO's (:class:`~algorithms.ppo.PPOAlgorithm`: the ratio is against the behaviour policy, as in
 Sample Factory); only the targets differ. With ``vtrace`` false the targets are PPO's GAE from
-the rollout values: the uncorrected baseline of the side-by-side measurement.
+the rollout values: the uncorrected baseline of the side-by-side measurement. With
+``proximal_policy: learner`` the ratio is against the network as the batch found it instead
+(decoupled PPO, Hilton et al. 2021): each batch gets the whole clip range however old it is,
+and its distance from the behaviour policy is V-trace's truncated weights in the advantages.
 
 Recurrent policies (``rnn_size``) re-run the GRU over each env column from the state its
 unroll started from, for V-trace as for PPO's mini-batches of whole columns. Either way the
@@ -43,11 +46,16 @@ class AppoAlgorithm(PPOAlgorithm):
     def _mini_batches(self, exp: Experience, keep: torch.Tensor, targets: dict):
         """PPO's mini-batches, on V-trace targets (see the module doc)."""
         with torch.no_grad():
-            returns = vtrace_of(self.config, exp, unroll_outputs(self, exp))
+            current = unroll_outputs(self, exp)
+            returns = vtrace_of(self.config, exp, current)
         self._lag_metrics = vtrace_metrics(returns, exp.step_type,
                                            self.config.clip_rho_threshold)
         if self.config.vtrace:
             targets = {**targets, "advantages": returns.pg_advantages, "returns": returns.vs}
+        if self.config.proximal_policy == "learner":
+            # Decoupled PPO: the ratio is against the network as the batch found it, whose
+            # distance from the behaviour policy V-trace's weights (in the advantages) carry.
+            targets = {**targets, "log_prob": current.log_prob[:-1]}
         return super()._mini_batches(exp, keep, targets)
 
     def train_on(self, experience: Experience, importance_weights=None) -> TrainResult:

@@ -67,6 +67,12 @@ class AppoConfig(VtraceConfig):
     vtrace: bool = hp(True, "V-trace advantages and value targets (td_lambda is then the "
                             "traces' lambda); false: PPO's GAE from the rollout values, "
                             "uncorrected for the lag")
+    proximal_policy: Literal["behaviour", "learner"] = hp(
+        "behaviour", "the policy PPO's ratio is clipped against: behaviour (the one that "
+                     "acted, as Sample Factory) or learner (the current network when the batch "
+                     "arrives: decoupled PPO, Hilton et al. 2021; the lag is then corrected by "
+                     "V-trace's truncated weights alone and each batch gets a full trust "
+                     "region however old it is)")
 
 
 CONFIGS: tuple[type, ...] = (ImpalaConfig, AppoConfig)

@@ -29,7 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # No-V-trace APPO: the same graph with the correction off (plain GAE on the lagged data).
-VARIANTS = {"appo_minatar_novtrace": ("appo_minatar", ["agent.algorithm.vtrace=false"])}
+VARIANTS = {"appo_minatar_novtrace": ("appo_minatar", ["agent.algorithm.vtrace=false"]),
+            # Decoupled PPO: the clip against the learner's network, not the behaviour's.
+            "appo_minatar_learner": ("appo_minatar", ["agent.algorithm.proximal_policy=learner"])}
 
 
 def run(graph: str, seed: int, threshold: float, budget: int | None,

@@ -306,3 +306,22 @@ def test_learns_cartpole_under_a_policy_lag(key, lag):
                                seed, p.trainer["num_envs"], p.trainer["unroll_length"],
                                p.trainer["eval_interval"])
         assert reached is not None, f"{key} seed {seed} lag {lag}: not {p.threshold}"
+
+
+def test_appo_clips_against_the_learner_when_asked():
+    """``proximal_policy: learner`` (decoupled PPO): on a lagged batch the first update's
+    ratio is against the network as the batch found it, so nothing is clipped; against the
+    behaviour policy (the default) the lag alone puts ratios past the clip."""
+    fractions = {}
+    for proximal in ("behaviour", "learner"):
+        torch.manual_seed(0)
+        alg = algorithms.make(CONFIGS["appo"](learning_rate=0.05, num_epochs=1,
+                                              mini_batch_size=48, proximal_policy=proximal),
+                              OBS, ACTIONS)
+        old = copy.deepcopy(alg)
+        for seed in range(3):
+            alg.train_on(_unroll(alg, OBS, ACTIONS, seed=seed))
+        fractions[proximal] = alg.train_on(_unroll(old, OBS, ACTIONS, seed=7)).metrics[
+            "clip_fraction"]
+    assert fractions["learner"] == 0.0
+    assert fractions["behaviour"] > 0.0
