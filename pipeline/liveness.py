@@ -110,7 +110,7 @@ class ProgressWatch:
             if seen[name] > self.seen.get(name, seen[name]):
                 moved = True
             if inputs:
-                waiting.append((watcher, sorted(inputs)))
+                waiting.append((watcher, [self._peer(label) for label in sorted(inputs)]))
         self.seen = seen
         if moved:
             self.still_s, self.stalls = 0.0, 0
@@ -121,6 +121,14 @@ class ProgressWatch:
         self.still_s = 0.0
         self.stalls += 1
         return waiting
+
+    def _peer(self, label: str) -> str:
+        """``topic 'x'`` -> ``topic 'x' from <its publishers>``; a service, ``of <servers>``."""
+        kind, _, quoted = label.partition(" ")
+        name = quoted.strip("'")
+        section, word = ("publishes", "from") if kind == "topic" else ("serves", "of")
+        peers = [n for n, spec in self.graph.nodes.items() if name in getattr(spec, section)]
+        return f"{label} {word} {', '.join(peers)}" if peers else label
 
     def describe(self, waiting: list) -> str:
         if not waiting:

@@ -54,7 +54,7 @@ def test_a_consumer_that_stops_taking_input_is_restarted_and_the_run_completes(t
     try:
         assert run.finish(170) == 0, run.stderr
         assert "nothing moved for 3s (run.stall_timeout_s): " in run.stderr, run.stderr
-        assert "transformer.0 waits on topic 'numbers'" in run.stderr, run.stderr
+        assert "transformer.0 waits on topic 'numbers' from source" in run.stderr, run.stderr
         result = run.result()
         assert result["missing"] == 0 and result["duplicates"] == 0, result
         assert result["unique"] == n, result
@@ -73,7 +73,7 @@ def test_an_unsatisfiable_request_stops_the_run_with_the_waiting_node_named(tmp_
         assert run.finish(100) == 1, run.stderr
         # Restarted once (the stall after the restart ends the run), named with its wait.
         assert "the graph stalled again: nothing moved for 2s (run.stall_timeout_s): asker.0 " \
-               "waits on service 'answer'" in run.stderr, run.stderr
+               "waits on service 'answer' of server" in run.stderr, run.stderr
         topics = [e["topic"] for e in _events(run.run_dir)]
         assert topics.count("supervisor.asker.stalled") == 1, topics
         assert "supervisor.asker.restarted" in topics, topics
@@ -99,7 +99,8 @@ def test_progress_is_reliable_messages_and_declared_status_not_lossy_traffic_or_
                                          "pub:metrics": {"sent": 99}}}
     waiting = watch.observe([sink], 1.0)  # 2 s still: lossy traffic is not progress
     assert waiting is not None and watch.stalls == 1
-    assert [(w.instance, what) for w, what in waiting] == [("sink.0", ["topic 'doubled'"])]
+    assert [(w.instance, what) for w, what in waiting] == [
+        ("sink.0", ["topic 'doubled' from transformer"])]  # and who should feed it
     # A restart (a new incarnation that restored 500) is not movement either ...
     sink.current.launch.incarnation = "sink.0~2"
     sink.current.heartbeat = {"topics": {"sub:doubled": {"received": 500}}}
