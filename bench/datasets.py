@@ -17,7 +17,8 @@ and hybrid graphs read it by default. It prints the dataset's episode returns.
 every node's seed plus N), and print each run's result and the median: for offline graphs the
 best evaluation and the updates at which it first reached -200; for hybrid the env steps at
 which the evaluation first reached -200, with the dataset and without it
-(``--set nodes.replay_store.config.datasets=null``: the same graph otherwise).
+(``--set nodes.replay_store.config.datasets=null`` and ``offline_pretrain_batches=0``: the same
+graph otherwise).
 
 HalfCheetah (not measured yet: it needs a SAC HalfCheetah-v5 run of about 1M env steps, hours
 on the 2-core machine): ``halfcheetah-medium-replay`` is ``run.py dataset`` of the checkpoint at
@@ -112,7 +113,11 @@ def hybrid(args) -> dict:
     graph = "graphs/sac_pendulum_hybrid.yaml"
     out: dict = {"graph": graph, "with": [], "without": []}
     for seed in args.seeds:
-        for arm, extra in (("with", ()), ("without", ("nodes.replay_store.config.datasets=null",))):
+        for arm, extra in (("with", ()), ("without", (
+                "nodes.replay_store.config.datasets=null",
+                "nodes.replay_store.config.offline_pretrain_batches=0"))):
+            if arm not in args.arms:
+                continue
             run_dir = os.path.join(ROOT, "runs", "datasets",
                                    f"hybrid-{arm}-s{seed}-{time.strftime('%H%M%S')}")
             started = time.monotonic()
@@ -146,6 +151,8 @@ def main(argv=None) -> int:
     p = sub.add_parser("offline", help="an offline Pendulum graph, one run per seed")
     p.add_argument("algorithm", choices=["iql", "bc"])
     p = sub.add_parser("hybrid", help="the hybrid SAC graph with and without the dataset")
+    p.add_argument("--arms", type=lambda s: s.split(","), default=["with", "without"],
+                   help="with,without (default both)")
     for name in ("offline", "hybrid"):
         sub.choices[name].add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")],
                                        default=[0, 1, 2])

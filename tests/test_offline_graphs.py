@@ -108,6 +108,7 @@ def test_a_hybrid_graph_mixes_the_dataset_into_its_experience(dataset, tmp_path)
                *[f"--set={s}" for s in TINY_SAC + [
                    f"nodes.replay_store.config.datasets=[{path}]",
                    "nodes.replay_store.config.offline_share=0.25",
+                   "nodes.replay_store.config.offline_pretrain_batches=20",
                    "nodes.replay_store.config.samples_per_insert=8",
                    "nodes.replay_store.config.min_size_to_sample=50",
                    "nodes.replay_store.config.metrics_interval_s=0.5",
@@ -117,9 +118,10 @@ def test_a_hybrid_graph_mixes_the_dataset_into_its_experience(dataset, tmp_path)
                    "nodes.evaluator.config.eval_interval=100000"]])
     assert done.returncode == 0, done.stderr[-2000:]
     replay = [m for m in metrics(run_dir) if "replay/offline_rows" in m]
-    # A quarter of each 8-row batch from the dataset, the rest from the run's own steps,
-    # which the env steps still count.
+    # 20 batches from the dataset alone first, then a quarter of each 8-row batch from the
+    # dataset and the rest from the run's own steps, which the env steps still count.
     assert replay and all(m["replay/offline_rows"] == 2 for m in replay)
+    assert replay[-1]["replay/offline_pretrained"] == 20
     with open(os.path.join(run_dir, "summary.json")) as f:
         learner = json.load(f)["nodes"]["learner.0"]["status"]
     assert 300 <= learner["env_steps"] < 1000

@@ -82,6 +82,10 @@ class Config:
     offline_share: float = field(default=1.0, metadata={
         "doc": "share of each sampled batch drawn from the datasets (1.0 offline; below 1 "
                "in a hybrid graph, the rest from the experience)"})
+    offline_pretrain_batches: int = field(default=0, metadata={
+        "doc": "hybrid: serve this many batches from the datasets alone first, as soon as the "
+               "learner asks, before (and not counted against) the run's own experience "
+               "(ALF's offline updates before RL)", "minimum": 0})
     agent: Agent | None = field(default=None, metadata={
         "doc": "the graph's agent: section (filled in at load): the first batch from each "
                "sender is checked against its experience schema"})
@@ -137,6 +141,8 @@ class Config:
             for key in ("dataset_caps", "dataset_weights"):
                 if getattr(self, key) is not None:
                     raise ConfigError(key, "needs datasets")
+            if self.offline_pretrain_batches:
+                raise ConfigError("offline_pretrain_batches", "needs datasets")
             return
         for key in ("dataset_caps", "dataset_weights"):
             value = getattr(self, key)

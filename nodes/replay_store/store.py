@@ -55,6 +55,7 @@ class ReplayStore:
         self.controls: dict = {}
         self.ere = ERE(config.ere_eta, config.ere_cmin) if config.ere_eta is not None else None
         self.sample_requests = 0  # served, for ERE's round
+        self.pretrained = 0  # offline_pretrain_batches served
         self.last_sample: dict = {}  # per-sample figures published as metrics
         self._warned = False
         # Datasets beside the experience (hybrid) or instead of it (offline: no experience
@@ -211,7 +212,9 @@ class ReplayStore:
         """Draw ``req``'s batch, or raise ``NothingToSample`` (the request should wait): the
         datasets' share of it (``offline_share``) and the rest from the buffer, shuffled
         together."""
-        offline = self.offline.rows_of(req.batch_size) if self.offline is not None else 0
+        pretraining = self.pretraining
+        offline = req.batch_size if pretraining else \
+            self.offline.rows_of(req.batch_size) if self.offline is not None else 0
         online = req.batch_size - offline
         if online and self.buffer is None:
             raise NothingToSample("no experience stored yet")
@@ -222,7 +225,10 @@ class ReplayStore:
                           torch.from_numpy(env_ids), torch.from_numpy(positions),
                           torch.ones(offline, dtype=torch.float32)))
         self.sample_requests += 1
-        self.limiter.on_sample(req.batch_size)
+        if pretraining:  # ahead of the run's own steps: not on the rate limiter's account
+            self.pretrained += 1
+        else:
+            self.limiter.on_sample(req.batch_size)
         if len(parts) == 1:
             experience, env_ids, positions, weights = parts[0]
         else:
@@ -325,7 +331,7 @@ class ReplayStore:
         while self.pending:
             request = self.pending[0]
             msg = request.message
-            if not self.limiter.can_sample(msg.batch_size):
+            if not (self.pretraining or self.limiter.can_sample(msg.batch_size)):
                 return
             try:
                 batch = self.sample(msg)
@@ -347,6 +353,7 @@ class ReplayStore:
                   "replay/stale_priority_updates": self.rejected_priorities}
         if self.offline is not None:
             values["replay/offline_size"] = self.offline.size
+            values["replay/offline_pretrained"] = self.pretrained
             values.update({f"replay/{k}": v for k, v in self.last_sample.items()})
         if self.buffer is None:
             return values
@@ -391,6 +398,14 @@ class ReplayStore:
             else 0
 
     @property
+    def pretraining(self) -> bool:
+        """Still in the ``offline_pretrain_batches`` served from the datasets alone, before
+        the run's own experience is sampled (ALF's hybrid training starts RL after its
+        offline updates)."""
+        return (self.offline is not None
+                and self.pretrained < self.config.offline_pretrain_batches)
+
+    @property
     def env_steps(self) -> int:
         """Steps inserted: what its checkpoints are stamped with, and what its samples tell
         the learner. Offline nothing is inserted: the batches served count instead."""
@@ -403,6 +418,7 @@ class ReplayStore:
                     for k, s in self.buffer.data_spec.items()},
                 "inserted": self.limiter.inserted, "sampled": self.limiter.sampled,
                 "sample_requests": self.sample_requests, "applied": dict(self.applied),
+                "pretrained": self.pretrained,
                 "shard_envs": self.shard_envs.state() if self.shard_envs is not None else None}
 
     def restore(self, state: dict) -> None:
@@ -413,6 +429,7 @@ class ReplayStore:
             self.buffer.load_state_dict(state["buffer"])
         self.limiter.inserted, self.limiter.sampled = state["inserted"], state["sampled"]
         self.sample_requests = int(state.get("sample_requests", 0))
+        self.pretrained = int(state.get("pretrained", 0))
         self.applied = dict(state.get("applied") or {})
         if self.shard_envs is not None:
             self.shard_envs.restore(state.get("shard_envs"))
