@@ -447,6 +447,8 @@ class ReliablePublisher:
                 self._update_depth()
                 self._notify_progress()
             if routing_id not in self._told:
+                if len(self._told) >= 4096:  # strangers that never join: bounded, forgotten
+                    self._told.clear()
                 self._told.add(routing_id)
                 log.warning("%s: control %s from a peer that is not a member of %s; asking it "
                             "to rejoin", self.context.instance, type(msg).__name__, self.topic)
