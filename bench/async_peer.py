@@ -23,9 +23,11 @@ ratio (Conduit / Sample Factory).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -89,8 +91,10 @@ def run_sample_factory(window: float, warmup: float, vtrace: bool) -> dict:
                "--device=cpu", "--num_workers=2", "--env_agents=8", "--seed=0",
                f"--with_vtrace={vtrace}", "--save_every_sec=100000",
                "--keep_checkpoints=1", "--experiment_summaries_interval=2"]
+        # Its own process group: Sample Factory's spawned workers go with it at the end.
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                start_new_session=True)
         t0 = time.time()
         lines = []
         try:
@@ -99,11 +103,11 @@ def run_sample_factory(window: float, warmup: float, vtrace: bool) -> dict:
                 if time.time() - t0 > window:
                     break
         finally:
-            proc.terminate()
-            try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
     points, lags, returns, frames = [], [], [], 0
     for line in (_ANSI.sub("", raw) for raw in lines):
         stamp = _SF_TIME.match(line)
