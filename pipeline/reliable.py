@@ -189,7 +189,8 @@ class ReliablePublisher:
         self._reaper: asyncio.TimerHandle | None = None
         self._reap_due = 0.0  # loop time the reaper should run at (see _reap)
         self._evicted = Evictions(_PLACEHOLDER)  # members that may come back
-        self._told: set[bytes] = set()  # unknown peers told to rejoin (logged once each)
+        # Unknown peers told to rejoin (logged once each; their Join is welcomed), oldest first.
+        self._told: dict[bytes, None] = {}
 
     async def send(self, msg, key: int | None = None) -> None:
         """Queue ``msg`` for every group; wait while any group's queue is at its bound.
@@ -416,7 +417,7 @@ class ReliablePublisher:
             if member is not None:  # a re-join on the same connection replaces the member
                 self._drop_member(routing_id)
             rejoin = routing_id in self._told
-            self._told.discard(routing_id)
+            self._told.pop(routing_id, None)
             group = self.groups.get(msg.group)
             if group is None:  # a group the graph did not declare
                 group = self.groups[msg.group] = _Group(msg.group, declared=False)
@@ -447,9 +448,9 @@ class ReliablePublisher:
                 self._update_depth()
                 self._notify_progress()
             if routing_id not in self._told:
-                if len(self._told) >= 4096:  # strangers that never join: bounded, forgotten
-                    self._told.clear()
-                self._told.add(routing_id)
+                if len(self._told) >= 4096:  # strangers that never join: the oldest forgotten
+                    del self._told[next(iter(self._told))]
+                self._told[routing_id] = None
                 log.warning("%s: control %s from a peer that is not a member of %s; asking it "
                             "to rejoin", self.context.instance, type(msg).__name__, self.topic)
             self._send_ctrl(routing_id, _REJOIN)
