@@ -58,19 +58,22 @@ class ReplayStore:
         self.pretrained = 0  # offline_pretrain_batches served
         self.last_sample: dict = {}  # per-sample figures published as metrics
         self._warned = False
-        # Datasets beside the experience (hybrid) or instead of it (offline: no experience
-        # input, nothing is inserted, so nothing waits for inserts; the count a learner and an
-        # evaluator read as env steps is then the number of batches served).
-        self.offline = OfflineRows(config, config.num_environments) if config.datasets else None
-        self.offline_only = self.offline is not None and not bus.subscribes("experience")
-        self.limiter = RateLimiter(config.samples_per_insert, config.spi_tolerance,
-                                   0 if self.offline_only else config.min_size_to_sample)
         self.pending: collections.deque = collections.deque()  # sample requests that wait
         self.rejected_priorities = 0
         self.priority_updates = 0  # messages applied (rows of overwritten steps are ignored)
         # One shard of several (a partitioned experience topic): local env ids, masses.
         self.shard_envs = ShardEnvs(config.num_environments, self.storage_dir) \
             if getattr(getattr(bus, "topics", {}).get("experience"), "partitioned", False) else None
+        # Datasets beside the experience (hybrid) or instead of it (offline: no experience
+        # input, nothing is inserted, so nothing waits for inserts; the count a learner and an
+        # evaluator read as env steps is then the number of batches served).
+        if config.datasets and self.shard_envs is not None:
+            raise ValueError(f"{node.info.instance}: datasets in a sharded replay store are "
+                             f"not supported: give them to an unsharded store")
+        self.offline = OfflineRows(config, config.num_environments) if config.datasets else None
+        self.offline_only = self.offline is not None and not bus.subscribes("experience")
+        self.limiter = RateLimiter(config.samples_per_insert, config.spi_tolerance,
+                                   0 if self.offline_only else config.min_size_to_sample)
         # Exactly once through restarts: the newest message of each sender that the buffer
         # holds (checkpointed with it), and the run's ledger of what was stored (set by run()).
         self.applied: dict[str, int] = {}
