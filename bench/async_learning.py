@@ -31,7 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # No-V-trace APPO: the same graph with the correction off (plain GAE on the lagged data).
 VARIANTS = {"appo_minatar_novtrace": ("appo_minatar", ["agent.algorithm.vtrace=false"]),
             # Decoupled PPO: the clip against the learner's network, not the behaviour's.
-            "appo_minatar_learner": ("appo_minatar", ["agent.algorithm.proximal_policy=learner"])}
+            "appo_minatar_learner": ("appo_minatar", ["agent.algorithm.proximal_policy=learner"]),
+            # One unroll ahead: the unroller waits after two unrolls per version (lag 1).
+            "appo_minatar_ahead": ("appo_minatar",
+                                   ["nodes.unroller.config.max_unrolls_per_version=2"])}
 
 
 def run(graph: str, seed: int, threshold: float, budget: int | None,
