@@ -264,6 +264,9 @@ def train_lagged(alg, env_id: str, lag: int, budget: int, threshold: float, seed
     from algorithms.steps import VectorEnvStepper, make_vector_env
     from algorithms.sync_trainer import _numpy_experience, stack_experience
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the reference trainer: small networks, a shared CPU
+    torch.manual_seed(seed)
     env = make_vector_env(env_id, num_envs, seed, training=True)
     stepper = VectorEnvStepper(env, seed)
     actor, published = copy.deepcopy(alg), deque()
@@ -280,7 +283,7 @@ def train_lagged(alg, env_id: str, lag: int, budget: int, threshold: float, seed
                 rows.append(cur)
                 steps += num_envs
             alg.train_on(stack_experience(rows))
-            published.append({k: v.clone() for k, v in alg.policy_state_dict().items()})
+            published.append(alg.policy_state_dict())  # copies
             while len(published) > lag:
                 actor.load_policy_state_dict(published.popleft())
             if steps >= next_eval:
@@ -289,6 +292,7 @@ def train_lagged(alg, env_id: str, lag: int, budget: int, threshold: float, seed
                     return steps
     finally:
         env.close()
+        torch.set_num_threads(threads)
     return None
 
 
