@@ -1,14 +1,17 @@
 """``run.py dataset``: a run's replay contents as a Minari dataset; and the check that a dataset
 fits an agent, shared by the graph check and the replay store that loads it.
 
-    python run.py dataset RUN_DIR --to DIR [--id NAME-vN] [--checkpoint CKPT_DIR]
+    python run.py dataset RUN_DIR --to DIR [--id NAME-vN] [--checkpoint CKPT_DIR] [--replay-files]
 
 It reads the newest complete checkpoint of the run (or ``--checkpoint``): every replay store's
 state (``replay_store.pt``, one per shard), memory-mapped so a large buffer is never loaded
 whole, and writes its episodes with :func:`storage.datasets.write_dataset`. The metadata names
 the run, the checkpoint, the env (id, kwargs, spec) and the learner's policy version and env
-steps at that checkpoint. A user mistake (no such run, no checkpoint, a checkpoint without
-replay, an existing ``--to``) is one line and exit code 2.
+steps at that checkpoint. ``--replay-files`` (the default without a checkpoint) reads the
+memory-mapped replay a stopped run left in its stores' ``storage_dir`` instead
+(:func:`storage.datasets.ring_files`). A user mistake (no such run, no checkpoint, a checkpoint
+without replay, replay files still held by a running store, an existing ``--to``) is one line
+and exit code 2.
 """
 
 from __future__ import annotations
@@ -90,6 +93,10 @@ def _arguments(p) -> None:
                         "no version)")
     p.add_argument("--checkpoint", metavar="CKPT_DIR",
                    help="a checkpoint directory of the run (default: the newest complete one)")
+    p.add_argument("--replay-files", action="store_true",
+                   help="read the memory-mapped replay files of a stopped run (its replay "
+                        "stores' storage_dir) instead of a checkpoint: everything stored up "
+                        "to the stop, also after a crash (default when there is no checkpoint)")
 
 
 def make_dataset(args) -> int:
@@ -105,36 +112,54 @@ def make_dataset(args) -> int:
         raise UsageError(f"{run_dir}: no such run directory")
     if not os.path.exists(graph_file):
         raise UsageError(f"{run_dir}: no graph.yaml (not a run directory)")
-    ckpt = args.checkpoint or latest_checkpoint(run_dir)
-    if ckpt is None or not os.path.isdir(ckpt):
-        raise UsageError(f"{run_dir}: no complete checkpoint (a graph with a checkpointer "
-                         f"writes one every interval_s and when it stops)")
-    replay_files = sorted(f for f in os.listdir(ckpt)
-                          if f.startswith("replay_store") and f.endswith(".pt"))
-    if not replay_files:
-        raise UsageError(f"{ckpt}: no replay_store state (the checkpointer's services must "
-                         f"include replay_state)")
     with open(graph_file) as f:
         graph = yaml.safe_load(f) or {}
+    ckpt = args.checkpoint or latest_checkpoint(run_dir)
+    storage_dirs = [os.path.join(run_dir, node["config"]["storage_dir"])
+                    for node in (graph.get("nodes") or {}).values()
+                    if node.get("kind") == "replay_store"
+                    and (node.get("config") or {}).get("storage_dir")]
+    use_files = args.replay_files or (ckpt is None and not args.checkpoint and any(
+        os.path.exists(os.path.join(d, "layout.json")) for d in storage_dirs))
+    replay_files: list[str] = []
+    if use_files:
+        storage_dirs = [d for d in storage_dirs if os.path.exists(os.path.join(d, "layout.json"))]
+        if not storage_dirs:
+            raise UsageError(f"{run_dir}: no memory-mapped replay files (no replay store with "
+                             f"a storage_dir that holds a layout.json)")
+    else:
+        if ckpt is None or not os.path.isdir(ckpt):
+            raise UsageError(f"{run_dir}: no complete checkpoint (a graph with a checkpointer "
+                             f"writes one every interval_s and when it stops)")
+        replay_files = sorted(f for f in os.listdir(ckpt)
+                              if f.startswith("replay_store") and f.endswith(".pt"))
+        if not replay_files:
+            raise UsageError(f"{ckpt}: no replay_store state (the checkpointer's services must "
+                             f"include replay_state)")
     agent = graph.get("agent") or {}
     env_id, env_kwargs = agent.get("env_id"), agent.get("env_kwargs") or {}
     if not env_id:
         raise UsageError(f"{graph_file}: no agent.env_id")
     dataset_id = args.dataset_id or _default_id(os.path.basename(os.path.normpath(args.to)))
-    learner = _learner_stamp(ckpt)
+    learner = _learner_stamp(ckpt) if ckpt else {"policy_version": None, "env_steps": None}
+    source = storage_dirs if use_files else ckpt
     metadata = {
         "algorithm_name": str((agent.get("algorithm") or {}).get("name", "")),
-        "conduit": {"run_dir": os.path.abspath(run_dir), "checkpoint": os.path.abspath(ckpt),
+        "conduit": {"run_dir": os.path.abspath(run_dir),
+                    "checkpoint": None if use_files else os.path.abspath(ckpt),
+                    "replay_files": [os.path.abspath(d) for d in storage_dirs] if use_files
+                    else None,
                     "graph": graph.get("name"), "env_id": env_id, "env_kwargs": env_kwargs,
                     "data_transformers": (agent.get("algorithm") or {}).get(
                         "data_transformers", []),
                     **learner}}
     try:
-        written = _write(args.to, ckpt, replay_files, env_id, env_kwargs, dataset_id, metadata)
+        written = _write(args.to, ckpt, replay_files, env_id, env_kwargs, dataset_id, metadata,
+                         storage_dirs if use_files else None)
     except DatasetError as exc:
         raise UsageError(str(exc)) from None
     print(f"wrote {args.to}: {written['total_episodes']} episodes, {written['total_steps']} "
-          f"transitions of {env_id} (dataset id {dataset_id}; from {ckpt}, policy version "
+          f"transitions of {env_id} (dataset id {dataset_id}; from {source}, policy version "
           f"{learner.get('policy_version')})")
     return EXIT_OK
 
@@ -156,42 +181,42 @@ def _learner_stamp(ckpt: str) -> dict:
             "env_steps": int(state.get("env_steps", 0))}
 
 
-def _write(to: str, ckpt: str, replay_files: list[str], env_id: str, env_kwargs: dict,
-           dataset_id: str, metadata: dict) -> dict:
+def _write(to: str, ckpt: str | None, replay_files: list[str], env_id: str, env_kwargs: dict,
+           dataset_id: str, metadata: dict, storage_dirs: list[str] | None) -> dict:
+    import contextlib
     import dataclasses
 
     import gymnasium as gym
     import torch
 
     from algorithms.envs import env_spaces
-    from storage.datasets import episodes_from_ring, write_dataset
+    from storage.datasets import episodes_from_ring, ring_files, write_dataset
 
     obs_space, action_space = env_spaces(env_id, env_kwargs)
-    states = [torch.load(os.path.join(ckpt, f), map_location="cpu", weights_only=True, mmap=True)
-              for f in replay_files]
-    buffers = [s["buffer"] for s in states if s.get("buffer") and "storage" in s["buffer"]]
-    if not buffers:
-        raise UsageError(f"{ckpt}: the replay state holds no steps")
-    dtypes = {k: v.numpy().dtype for k, v in buffers[0]["storage"].items()}
-    # The spaces as the steps were stored: an env whose observation space is float64 stores
-    # float32 observations (algorithms.schema), and the dataset says what its arrays are.
-    obs_space = _as_stored(obs_space, dtypes["observation"])
-    action_space = _as_stored(action_space, dtypes["action"])
-
-    def episodes():
-        for buffer in buffers:
-            fields = {k: v.numpy() for k, v in buffer["storage"].items()}
-            writer = buffer["writer"]
-            yield from episodes_from_ring(fields, writer["current_pos"].numpy(),
-                                          writer["current_size"].numpy())
-
-    try:
-        spec = gym.spec(env_id.split(":")[-1])
-        spec = dataclasses.replace(spec, kwargs={**spec.kwargs, **env_kwargs})
-    except Exception:  # an env Gymnasium does not know by id: the spaces say enough
-        spec = None
-    return write_dataset(to, episodes(), obs_space, action_space, dataset_id=dataset_id,
-                         env_spec=spec, metadata=metadata)
+    with contextlib.ExitStack() as stack:
+        if storage_dirs is not None:  # memory-mapped files, each held against writers
+            rings = [stack.enter_context(ring_files(d)) for d in storage_dirs]
+        else:
+            states = [torch.load(os.path.join(ckpt, f), map_location="cpu", weights_only=True,
+                                 mmap=True) for f in replay_files]
+            rings = [({k: v.numpy() for k, v in s["buffer"]["storage"].items()},
+                      s["buffer"]["writer"]["current_pos"].numpy(),
+                      s["buffer"]["writer"]["current_size"].numpy())
+                     for s in states if s.get("buffer") and "storage" in s["buffer"]]
+        if not rings:
+            raise UsageError(f"{ckpt}: the replay state holds no steps")
+        # The spaces as the steps were stored: an env whose observation space is float64
+        # stores float32 observations (algorithms.schema); the dataset says what its arrays are.
+        obs_space = _as_stored(obs_space, rings[0][0]["observation"].dtype)
+        action_space = _as_stored(action_space, rings[0][0]["action"].dtype)
+        episodes = (episode for ring in rings for episode in episodes_from_ring(*ring))
+        try:
+            spec = gym.spec(env_id.split(":")[-1])
+            spec = dataclasses.replace(spec, kwargs={**spec.kwargs, **env_kwargs})
+        except Exception:  # an env Gymnasium does not know by id: the spaces say enough
+            spec = None
+        return write_dataset(to, episodes, obs_space, action_space, dataset_id=dataset_id,
+                             env_spec=spec, metadata=metadata)
 
 
 def _as_stored(space, dtype):

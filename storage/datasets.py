@@ -23,6 +23,8 @@ truncated. :func:`episode_steps` is the inverse of the cut: a Minari episode as 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -84,6 +86,38 @@ def episodes_from_ring(fields: Mapping[str, np.ndarray], current_pos, current_si
                 continue
             rows = idx[start:last + 1]
             yield _episode(fields, env, rows, ended=bool(len(lasts)))
+
+
+@contextlib.contextmanager
+def ring_files(directory: str):
+    """The rings a memory-mapped replay buffer (``storage_dir``) left in ``directory``, mapped
+    read-only: ``(fields, current_pos, current_size)`` for :func:`episodes_from_ring`.
+
+    Only while no writer holds the directory (a running store keeps an exclusive flock on
+    ``lock``; this holds a shared one meanwhile), so the rings do not move under the reader.
+    The cursors move last on every append (``storage.ring``), so what they count is written."""
+    layout_path = os.path.join(directory, "layout.json")
+    if not os.path.exists(layout_path):
+        raise DatasetError(f"{directory}: no layout.json (not a memory-mapped replay buffer)")
+    fd = os.open(os.path.join(directory, "lock"), os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            raise DatasetError(f"{directory} is in use by a running replay store: stop the run "
+                               f"first, or use a checkpoint") from None
+        with open(layout_path) as f:
+            layout = json.load(f)
+        arrays = {name: np.memmap(os.path.join(directory, f"{name}.bin"), mode="r",
+                                  dtype=np.dtype(entry["dtype"].removeprefix("torch.")),
+                                  shape=tuple(entry["shape"]))
+                  for name, entry in layout.items()
+                  if name.startswith(("data.", "writer."))}
+        fields = {k.removeprefix("data."): v for k, v in arrays.items() if k.startswith("data.")}
+        yield fields, np.asarray(arrays["writer.current_pos"]), \
+            np.asarray(arrays["writer.current_size"])
+    finally:
+        os.close(fd)
 
 
 def _episode(fields, env: int, rows: np.ndarray, ended: bool) -> Episode:

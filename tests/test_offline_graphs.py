@@ -169,7 +169,7 @@ def test_dataset_command_mistakes(tmp_path, dataset):
 
     def attempt(run_dir):
         args = argparse.Namespace(run_dir=str(run_dir), to=str(tmp_path / "d"),
-                                  dataset_id=None, checkpoint=None)
+                                  dataset_id=None, checkpoint=None, replay_files=False)
         with pytest.raises(UsageError) as info:
             make_dataset(args)
         return str(info.value)
@@ -181,3 +181,34 @@ def test_dataset_command_mistakes(tmp_path, dataset):
     (empty / "graph.yaml").write_text("name: x\nagent: {env_id: Pendulum-v1}\n")
     assert "no complete checkpoint" in attempt(empty)
     assert not (tmp_path / "d").exists()
+
+
+def test_a_stopped_runs_replay_files_give_the_same_dataset(dataset, tmp_path):
+    """The memory-mapped replay a run left (its storage_dir) holds what its final checkpoint
+    holds; while a store holds the files, they are refused in one line."""
+    import fcntl
+
+    import numpy as np
+
+    from storage.datasets import Dataset, DatasetError, ring_files
+
+    path, run_dir = dataset
+    made = cli("dataset", run_dir, "--to", str(tmp_path / "files-v0"), "--replay-files")
+    assert made.returncode == 0, made.stderr
+    ours, theirs = Dataset(str(tmp_path / "files-v0")), Dataset(path)
+    assert ours.metadata["conduit"]["replay_files"] == [os.path.join(run_dir, "replay")]
+    pairs = list(zip(ours.episodes(), theirs.episodes(), strict=True))
+    assert pairs
+    for a, b in pairs:
+        np.testing.assert_array_equal(a.observations, b.observations)
+        np.testing.assert_array_equal(a.actions, b.actions)
+        np.testing.assert_array_equal(a.rewards, b.rewards)
+    replay = os.path.join(run_dir, "replay")
+    fd = os.open(os.path.join(replay, "lock"), os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running store holds it
+        with pytest.raises(DatasetError, match="in use by a running replay store"), \
+                ring_files(replay):
+            pass
+    finally:
+        os.close(fd)
