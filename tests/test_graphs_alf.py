@@ -31,7 +31,8 @@ SMOKE = {
         "nodes.learner.config.num_env_steps=2000",
         "nodes.evaluator.config.eval_interval=1000",
         "nodes.evaluator.config.num_eval_episodes=1",
-        "nodes.evaluator.config.stop_at_return=null"),
+        "nodes.evaluator.config.stop_at_return=null",
+        "nodes.learner.config.metrics_interval_s=0.01"),
     "taac_bipedalwalker": (
         "agent.algorithm.initial_random_steps=500",
         "nodes.replay_store.config.min_size_to_sample=500",
@@ -39,14 +40,17 @@ SMOKE = {
         "nodes.learner.config.num_env_steps=3000",
         "nodes.evaluator.config.eval_interval=1000",
         "nodes.evaluator.config.num_eval_episodes=1",
-        "nodes.evaluator.config.stop_at_return=null"),
+        "nodes.evaluator.config.stop_at_return=null",
+        "nodes.learner.config.metrics_interval_s=0.01"),
     # Three unrolls of 32 x 64 steps, an auxiliary phase after the second.
     "ppg_minatar": (
         "agent.algorithm.aux_interval=2",
         "nodes.learner.config.num_env_steps=6144",
         "nodes.evaluator.config.eval_interval=2048",
         "nodes.evaluator.config.num_eval_episodes=2",
-        "nodes.evaluator.config.stop_at_return=null"),
+        "nodes.evaluator.config.stop_at_return=null",
+        # Metrics after every update: a run of three updates can end before a 5 s period.
+        "nodes.learner.config.metrics_interval_s=0.01"),
 }
 # What only that algorithm's update reports: its own loss reached the learner's metrics.
 OWN_METRICS = {"oac_halfcheetah": {"loss/critic", "alpha"},

@@ -26,7 +26,7 @@ nodes:
     publishes: [experience]
   replay_store:
     kind: replay_store
-    config: {num_environments: 2, max_length: 100}
+    config: {num_environments: 2, max_length: 100, min_size_to_sample: 100}
 run:
   stop_when: [producer, replay_store]
   duration_s: 60
