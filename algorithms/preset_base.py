@@ -32,3 +32,14 @@ class Preset:
     def algo(self) -> str:
         """The algorithm's registry name (its config's ``name``)."""
         return self.algorithm.name
+
+
+# SAC's Pendulum settings, shared by the SAC family's Pendulum presets (SAC, QR-SAC, OAC): the
+# algorithm fields every variant keeps, and the trainer's.
+SAC_PENDULUM = dict(actor_fc_layer_params=[256, 256], critic_fc_layer_params=[256, 256],
+                    actor_learning_rate=1e-3, critic_learning_rate=1e-3,
+                    alpha_learning_rate=1e-3, gamma=0.99, target_update_tau=0.005,
+                    initial_random_steps=1000)
+SAC_PENDULUM_TRAINER = dict(num_envs=1, unroll_length=1, initial_collect_steps=1000,
+                            num_updates_per_train_iter=1, mini_batch_size=256,
+                            replay_buffer_length=20_000, eval_interval=1000)

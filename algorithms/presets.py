@@ -17,7 +17,7 @@ from algorithms.config_core import (
     SacConfig,
     Td3Config,
 )
-from algorithms.preset_base import Preset
+from algorithms.preset_base import SAC_PENDULUM, SAC_PENDULUM_TRAINER, Preset
 
 PRESETS: dict[str, Preset] = {
     # RL Zoo's learning rate and a 4k-step epsilon decay: through the graph, twelve seeds
@@ -34,24 +34,12 @@ PRESETS: dict[str, Preset] = {
                      replay_buffer_length=25_000, eval_interval=2500)),
     "sac-Pendulum-v1": Preset(
         "Pendulum-v1", 20_000, -200.0,
-        algorithm=SacConfig(
-            actor_fc_layer_params=[256, 256], critic_fc_layer_params=[256, 256],
-            actor_learning_rate=1e-3, critic_learning_rate=1e-3, alpha_learning_rate=1e-3,
-            gamma=0.99, target_update_tau=0.005, initial_random_steps=1000),
-        trainer=dict(num_envs=1, unroll_length=1, initial_collect_steps=1000,
-                     num_updates_per_train_iter=1, mini_batch_size=256,
-                     replay_buffer_length=20_000, eval_interval=1000)),
+        algorithm=SacConfig(**SAC_PENDULUM), trainer=SAC_PENDULUM_TRAINER),
     # SAC-Pendulum's settings with 25 quantiles per critic: seeds 0 and 1 reached -200 at 4,000
     # env steps, in this trainer and through graphs/qrsac_pendulum.yaml (2026-11-28).
     "qrsac-Pendulum-v1": Preset(
         "Pendulum-v1", 20_000, -200.0,
-        algorithm=QrsacConfig(
-            actor_fc_layer_params=[256, 256], critic_fc_layer_params=[256, 256],
-            actor_learning_rate=1e-3, critic_learning_rate=1e-3, alpha_learning_rate=1e-3,
-            gamma=0.99, num_quantiles=25, target_update_tau=0.005, initial_random_steps=1000),
-        trainer=dict(num_envs=1, unroll_length=1, initial_collect_steps=1000,
-                     num_updates_per_train_iter=1, mini_batch_size=256,
-                     replay_buffer_length=20_000, eval_interval=1000)),
+        algorithm=QrsacConfig(**SAC_PENDULUM, num_quantiles=25), trainer=SAC_PENDULUM_TRAINER),
     "sac-CartPole-v1": Preset(
         "CartPole-v1", 50_000, 450.0,
         algorithm=SacConfig(
