@@ -61,7 +61,7 @@ def check_dataset(path: str, agent):
     if not os.path.isdir(path):
         raise DatasetError(f"dataset {path}: no such directory (make one with run.py dataset "
                            f"RUN_DIR --to {path}; the example graphs' with python "
-                           f"bench/datasets.py pendulum)")
+                           f"bench/datasets.py pendulum or halfcheetah)")
     dataset = Dataset(path)
     if dataset.env_id is not None and agent.env_id != dataset.env_id and \
             agent.env_id.split(":")[-1] != dataset.env_id:
