@@ -86,7 +86,9 @@ class RLAlgorithm(nn.Module):
         # Keyword arguments every network of the algorithm takes.
         self.net_kwargs = {"encoder": config.encoder, "image_layout": image_layout}
         self.data_transformer: SequentialDataTransformer | None = None
-        if data_transformers:
+        # A Dict observation always gets transformers: the concatenation that makes it the
+        # vector every network takes (from_configs adds it when the config has none).
+        if data_transformers or isinstance(observation_space, gym.spaces.Dict):
             if any(isinstance(t, dict) for t in data_transformers):  # {name: ...} mappings
                 from algorithms.configs import parse_transformers
 
@@ -153,7 +155,11 @@ class RLAlgorithm(nn.Module):
     # ----- input conversion -----------------------------------------------------------------
     def _obs(self, x) -> torch.Tensor:
         """Observations on ``self.device``; uint8 and bool images stay as they are (the
-        network's encoder scales them), other dtypes become float32."""
+        network's encoder scales them), other dtypes become float32. A dict observation
+        (``Dict`` space) becomes a dict of such tensors, which the data transformers
+        concatenate (:class:`~algorithms.data_transformer.ObservationConcat`)."""
+        if isinstance(x, dict):
+            return {key: self._obs(value) for key, value in x.items()}
         t = to_tensor(x, self.device)
         if t.dtype in (torch.uint8, torch.bool, torch.float32):
             return t
@@ -163,8 +169,8 @@ class RLAlgorithm(nn.Module):
         """The policy's view of a raw time step: tensors on ``self.device`` with the data
         transformers applied (statistics are not updated here). ``state``: the transformers'
         state, or ``()`` (a frame stacker then keeps the history per ``env_id``)."""
-        ts = TimeStep(*(v if isinstance(v, tuple) and v == () else to_tensor(v, self.device)
-                        for v in time_step))
+        ts = TimeStep(*(v if (isinstance(v, tuple) and v == ()) or isinstance(v, dict)
+                        else to_tensor(v, self.device) for v in time_step))
         ts = ts._replace(observation=self._obs(ts.observation))
         if self.data_transformer is None:
             return ts, state

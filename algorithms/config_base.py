@@ -105,9 +105,20 @@ class ImageScaleConfig(ConfigBase):
     max: float = hp(1.0, "value of pixel 255")
 
 
+@dataclass(frozen=True, kw_only=True)
+class ObservationConcatConfig(ConfigBase):
+    """A Dict observation's arrays as one float32 vector (first in the list; added with every
+    key when an env's Dict observation has none: docs/her.md)."""
+
+    name: Literal["observation_concat"] = hp("observation_concat", "transformer name")
+    keys: list[str] | None = hp(None, "the Dict observation's keys to concatenate, in this "
+                                      "order (null = every key, sorted)")
+
+
 TRANSFORMER_CONFIGS: dict[str, type] = {
     c.name: c for c in (ObservationNormalizerConfig, RewardClippingConfig, RewardScalingConfig,
-                        RewardNormalizerConfig, FrameStackerConfig, ImageScaleConfig)}
+                        RewardNormalizerConfig, FrameStackerConfig, ImageScaleConfig,
+                        ObservationConcatConfig)}
 
 
 # ----- algorithms -------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 # Re-exported: the data conventions of the package are read from this module.
-from algorithms.steps import StepType, TimeStep  # noqa: F401
+from algorithms.steps import StepType, TimeStep, flat_fields, nested_fields  # noqa: F401
 
 
 class AlgStep(NamedTuple):
@@ -66,7 +66,8 @@ class Experience(NamedTuple):
 
     Fields are tensors (or numpy arrays on the wire) with a ``[B]`` step prefix, ``[T, B]`` for
     on-policy unrolls, or ``[B, T]`` for replay batches. ``to_dict``/``from_dict`` convert to a
-    flat ``{name: array}`` mapping (``rollout_info.<key>`` for the info dict).
+    flat ``{name: array}`` mapping (``rollout_info.<key>`` for the info dict, and
+    ``observation.<key>`` for a dict observation: :func:`algorithms.steps.flat_fields`).
     """
 
     step_type: Any = ()
@@ -88,13 +89,14 @@ class Experience(NamedTuple):
         out = {f: getattr(self, f) for f in self._fields if f != "rollout_info"}
         for k, v in (self.rollout_info or {}).items():
             out[f"rollout_info.{k}"] = v
-        return out
+        return flat_fields(out)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Experience:
         """The inverse of :meth:`to_dict`. A key that is neither a field nor
         ``rollout_info.<key>`` is an error, never dropped unsaid (the learner sets the replay
         store's ``nstep.*``/``episode.*`` extras apart before, and says so)."""
+        d = nested_fields(d)
         info = {k[len("rollout_info."):]: v for k, v in d.items() if k.startswith("rollout_info.")}
         fields = {f: d[f] for f in cls._fields if f in d and f != "rollout_info"}
         unknown = sorted(set(d) - set(fields) - {f"rollout_info.{k}" for k in info})

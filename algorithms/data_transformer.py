@@ -370,6 +370,60 @@ def _is_gray(shape, layout: str) -> bool:
     return image_layout(shape, layout) == "hw"
 
 
+class ObservationConcat(DataTransformer):
+    """A ``Dict`` observation's arrays concatenated into one float32 vector, in ``keys``
+    order (default: every key, sorted), each flattened: ``[B, ...]`` or ``[B, T, ...]`` dicts
+    in, ``[B, N]`` or ``[B, T, N]`` out.
+
+    Why a transformer and not a network input: every algorithm's networks take one array
+    (``input_space``), and a goal-conditioned policy is an ordinary policy of
+    ``[observation, desired_goal]``. Concatenating where the transformers run (the unroller
+    and evaluator on time steps, the learner on replay batches) leaves the algorithms as they
+    are, while the env runners, the wire and the replay store keep the dict's fields apart:
+    hindsight relabeling rewrites ``desired_goal`` in replay before the learner concatenates.
+    An algorithm built for a ``Dict`` space gets one first with every key when its config
+    lists none (:func:`from_configs`); list ``{name: observation_concat, keys: [...]}`` first
+    to choose the keys and their order (FetchReach: ``[observation, desired_goal]``; its
+    ``achieved_goal`` is the gripper position, already in ``observation``).
+    """
+
+    def __init__(self, observation_space, keys: list[str] | None = None):
+        super().__init__()
+        if not isinstance(observation_space, gym.spaces.Dict):
+            raise ValueError(f"observation_concat needs a Dict observation space, got "
+                             f"{observation_space}")
+        spaces = observation_space.spaces
+        self.keys = list(keys) if keys else sorted(spaces)
+        unknown = [k for k in self.keys if k not in spaces]
+        if unknown:
+            raise ValueError(f"observation_concat: no key {unknown[0]!r} in the observation "
+                             f"(keys: {', '.join(spaces)})")
+        if len(set(self.keys)) != len(self.keys):
+            raise ValueError(f"observation_concat: keys repeat: {self.keys}")
+        self.shapes = {k: tuple(spaces[k].shape) for k in self.keys}
+        self.size = sum(int(np.prod(shape)) for shape in self.shapes.values())
+
+    def concat(self, observation) -> torch.Tensor:
+        if not isinstance(observation, dict):
+            raise TypeError(f"observation_concat expects a dict observation, got "
+                            f"{type(observation).__name__}")
+        parts = []
+        for key in self.keys:
+            x = _t(observation[key], torch.float32)
+            batch = x.shape[:x.ndim - len(self.shapes[key])]
+            parts.append(x.reshape(*batch, -1))
+        return torch.cat(parts, -1)
+
+    def transform_timestep(self, time_step, state=()):
+        return time_step._replace(observation=self.concat(time_step.observation)), state
+
+    def transform_experience(self, experience):
+        return experience._replace(observation=self.concat(experience.observation))
+
+    def transformed_space(self, observation_space):
+        return gym.spaces.Box(-np.inf, np.inf, (self.size,), np.float32)
+
+
 class SequentialDataTransformer(DataTransformer):
     """Apply transformers in order; state is the tuple of their states."""
 
@@ -416,6 +470,7 @@ _TRANSFORMERS = {
     "reward_normalizer": RewardNormalizer,
     "image_scale": ImageScaleTransformer,
     "frame_stacker": FrameStacker,
+    "observation_concat": ObservationConcat,
 }
 
 
@@ -439,9 +494,18 @@ def from_configs(configs, observation_space, image_layout: str = "auto",
                  time_major: bool = False) -> SequentialDataTransformer:
     """The transformers of an algorithm config's ``data_transformers`` (typed configs from
     :mod:`algorithms.configs`), in order; each sees the space its predecessor produces.
-    Normalizers update on training data only (``update_mode="replay"``)."""
+    Normalizers update on training data only (``update_mode="replay"``). A ``Dict``
+    observation space gets :class:`ObservationConcat` of every key first unless the configs
+    start with one."""
     out: list[DataTransformer] = []
     space = observation_space
+    named = [c.name for c in configs]
+    if "observation_concat" in named[1:]:
+        raise ValueError("data_transformers: observation_concat must come first (the "
+                         "others take the vector it makes)")
+    if isinstance(space, gym.spaces.Dict) and named[:1] != ["observation_concat"]:
+        out.append(ObservationConcat(space))
+        space = out[0].transformed_space(space)
     for c in configs:
         kwargs = {k: v for k, v in vars(c).items() if k != "name"}
         if c.name in ("observation_normalizer", "reward_normalizer"):

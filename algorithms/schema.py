@@ -83,13 +83,22 @@ def experience_schema(observation_space: gym.Space, action_space: gym.Space,
         "step_type": FieldSpec((), "int64"),
         "reward": FieldSpec((), "float32"),
         "discount": FieldSpec((), "float32"),
-        "observation": observation_spec(observation_space),
+        **observation_fields(observation_space),
         "prev_action": action,
         "env_id": FieldSpec((), "int64"),
         "action": action,
     }
     fields.update({f"rollout_info.{k}": v for k, v in (rollout_info or {}).items()})
     return ExperienceSchema(fields)
+
+
+def observation_fields(space: gym.Space) -> dict[str, FieldSpec]:
+    """``{"observation": spec}``, or for a ``Dict`` space one field per key,
+    ``observation.<key>`` (:func:`algorithms.steps.flat_fields`: how the wire and the replay
+    rings carry a dict observation)."""
+    if isinstance(space, gym.spaces.Dict):
+        return {f"observation.{key}": observation_spec(sub) for key, sub in space.spaces.items()}
+    return {"observation": observation_spec(space)}
 
 
 def observation_spec(space: gym.Space) -> FieldSpec:

@@ -29,7 +29,10 @@ class TimeStep(NamedTuple):
     reward: reward of the transition that arrived here (0 on FIRST), float32.
     discount: 0 on termination, 1 otherwise (truncation keeps 1), float32.
     observation: the env's observation (the final observation on LAST), in the env's dtype:
-        uint8 (and bool) images stay as they are, float vectors are float32.
+        uint8 (and bool) images stay as they are, float vectors are float32. A ``Dict``
+        space's observation is a dict of such arrays (goal-conditioned envs:
+        ``observation``, ``achieved_goal``, ``desired_goal``); on the wire and in replay it
+        travels as one field per key, ``observation.<key>`` (:func:`flat_fields`).
     prev_action: the action that led here.
     env_id: int index of each environment.
     """
@@ -60,17 +63,73 @@ def make_vector_env(env_id: str, num_envs: int, seed: int | None = None,
     return make_env(env_id, num_envs, seed, env_kwargs, training)
 
 
-def observation_array(obs: np.ndarray) -> np.ndarray:
+def observation_array(obs):
     """The observation as the pipeline carries it: uint8 images stay uint8 (0-255 pixels) and
     bool images stay bool (both one byte; the networks scale them, uint8 by 1/255, bool as 0/1),
     floats become float32, other integers float32 as before.
 
     Never a float copy of an image: 84x84 frames as float32 would be 4x the bytes on the wire
-    and in replay."""
+    and in replay. A dict observation (a ``Dict`` space) becomes a dict of such arrays."""
+    if isinstance(obs, dict):
+        return {key: observation_array(value) for key, value in obs.items()}
     obs = np.asarray(obs)
     if obs.dtype in (np.uint8, np.bool_, np.float32):
         return obs
     return obs.astype(np.float32)
+
+
+OBSERVATION_PREFIX = "observation."
+
+
+def flat_fields(fields: dict) -> dict:
+    """``fields`` (a time step's or a stored step's ``{name: array}``) with a dict
+    ``observation`` spelled as one field per key, ``observation.<key>``: what the wire, the
+    experience schema and the replay rings carry. Why flat: every hop already handles flat
+    ``{name: array}`` mappings (``rollout_info.<key>`` is spelled the same way), so a dict
+    observation needs no new message type, codec rule or ring layout, and the replay store
+    can read and rewrite one key (the goal, for hindsight relabeling) in place."""
+    observation = fields.get("observation")
+    if not isinstance(observation, dict):
+        return dict(fields)
+    out = {}
+    for name, value in fields.items():
+        if name == "observation":
+            out.update({OBSERVATION_PREFIX + key: v for key, v in observation.items()})
+        else:
+            out[name] = value
+    return out
+
+
+def nested_fields(fields: dict) -> dict:
+    """The inverse of :func:`flat_fields`: ``observation.<key>`` fields become one dict
+    ``observation`` (in the order they came)."""
+    keys = [name for name in fields if name.startswith(OBSERVATION_PREFIX)]
+    if not keys:
+        return dict(fields)
+    out = {name: value for name, value in fields.items() if name not in keys}
+    out["observation"] = {name[len(OBSERVATION_PREFIX):]: fields[name] for name in keys}
+    return out
+
+
+def batch_size_of(observation) -> int:
+    """The leading dimension of an observation, a dict one included."""
+    if isinstance(observation, dict):
+        observation = next(iter(observation.values()))
+    return int(observation.shape[0])
+
+
+def success_of(info: dict, num_envs: int) -> np.ndarray | None:
+    """``info["is_success"]`` of a vector env's step as ``[num_envs]`` floats, NaN where an
+    env did not report it (Gymnasium's ``_is_success`` mask); None when no env did (the env
+    has no notion of success)."""
+    success = info.get("is_success")
+    if success is None:
+        return None
+    values = np.asarray(success, dtype=np.float64).reshape(num_envs)
+    mask = info.get("_is_success")
+    if mask is not None:
+        values = np.where(np.asarray(mask, bool).reshape(num_envs), values, np.nan)
+    return values
 
 
 class VectorEnvStepper:
@@ -85,6 +144,10 @@ class VectorEnvStepper:
     ``info["raw_reward"]``), ``episode_start`` (a new game begins at this step) and
     ``episode_end`` (the game ended here, ``info["game_over"]``). For other envs they are the
     reward, FIRST and LAST.
+
+    ``success`` is the step's ``info["is_success"]`` per env (:func:`success_of`; None for
+    envs that do not report it): goal-conditioned envs (Gymnasium-Robotics' Fetch) say there
+    whether the goal is reached, which the evaluator reports at each episode's end.
     """
 
     def __init__(self, env: gym.vector.VectorEnv, seed: int | None = None):
@@ -97,6 +160,7 @@ class VectorEnvStepper:
         self.score = np.zeros(self.num_envs, np.float32)
         self.episode_start = np.ones(self.num_envs, dtype=bool)
         self.episode_end = np.zeros(self.num_envs, dtype=bool)
+        self.success: np.ndarray | None = None
 
     def _prev_action_zeros(self):
         space = self.env.single_action_space
@@ -110,6 +174,7 @@ class VectorEnvStepper:
         self.score = np.zeros(n, np.float32)
         self.episode_start = np.ones(n, dtype=bool)
         self.episode_end = np.zeros(n, dtype=bool)
+        self.success = None
         return TimeStep(np.full(n, StepType.FIRST, np.int64), np.zeros(n, np.float32),
                         np.ones(n, np.float32), observation_array(obs),
                         self._prev_action_zeros(), self._env_id)
@@ -129,6 +194,7 @@ class VectorEnvStepper:
         self.score = np.where(self.episode_start, 0.0,
                               info.get("raw_reward", reward)).astype(np.float32)
         self._game_over = self.episode_end
+        self.success = success_of(info, self.num_envs)
         reward = np.where(first, 0.0, reward).astype(np.float32)
         self._was_last = last
         return TimeStep(step_type.astype(np.int64), reward, discount, observation_array(obs),

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import typedconfig
-from algorithms.steps import StepType, TimeStep, observation_array
+from algorithms.steps import StepType, TimeStep, batch_size_of, observation_array
 from nodes._agent import Agent
 from nodes._common import make_algorithm
 from nodes.evaluator import BEST, POLICY_FILE, REACHED
@@ -166,7 +166,9 @@ class PolicyModule(nn.Module):
         self.action_space = alg.action_space
         self.transformer = alg.data_transformer  # None, or the transformers with statistics
         self.acting = _acting_copy(alg)
-        self.observation_dtype = observation_array(self.observation_space.sample()).dtype
+        # A Dict space's observation is a dict of tensors here too (dtype per key).
+        self.observation_dtype = _map(lambda a: a.dtype,
+                                      observation_array(self.observation_space.sample()))
         self.bounded = hasattr(self.action_space, "low")
         if self.bounded:
             self.register_buffer("low", torch.as_tensor(self.action_space.low, dtype=torch.float32))
@@ -230,12 +232,12 @@ class PolicyModule(nn.Module):
             ((core,) if self.recurrent else ())
 
     @staticmethod
-    def _time_step(observation: torch.Tensor, first: torch.Tensor) -> TimeStep:
-        b = observation.shape[0]
+    def _time_step(observation, first: torch.Tensor) -> TimeStep:
+        b = batch_size_of(observation)
         # Rewards only matter to reward transformers, which acting does not use.
         return TimeStep(step_type=torch.where(first, int(StepType.FIRST), int(StepType.MID)),
-                        reward=torch.zeros(b, device=observation.device),
-                        discount=torch.ones(b, device=observation.device),
+                        reward=torch.zeros(b, device=first.device),
+                        discount=torch.ones(b, device=first.device),
                         observation=observation)
 
     def _clipped(self, action: torch.Tensor) -> torch.Tensor:
@@ -243,10 +245,12 @@ class PolicyModule(nn.Module):
             return action
         return torch.minimum(torch.maximum(action, self.low), self.high)
 
-    def _sample_observation(self, batch_size: int) -> torch.Tensor:
-        obs = np.stack([observation_array(self.observation_space.sample())
-                        for _ in range(batch_size)])
-        return torch.as_tensor(obs, device=self.device)
+    def _sample_observation(self, batch_size: int):
+        samples = [observation_array(self.observation_space.sample()) for _ in range(batch_size)]
+        if isinstance(samples[0], dict):
+            return {k: torch.as_tensor(np.stack([s[k] for s in samples]), device=self.device)
+                    for k in samples[0]}
+        return torch.as_tensor(np.stack(samples), device=self.device)
 
 
 def _acting_copy(alg):
@@ -306,16 +310,8 @@ class Policy:
         action (``predict_step``, as the evaluator acts), else the algorithm's exploring one
         (``rollout_step``). Returns numpy: an action for one observation, ``[B, ...]`` for a
         batch; Box actions clipped to the bounds."""
-        obs = observation_array(observation.cpu().numpy() if isinstance(observation, torch.Tensor)
-                                else np.asarray(observation))
-        shape = tuple(self.observation_space.shape)
-        single = obs.ndim == len(shape)
-        if single:
-            obs = obs[None]
-        if tuple(obs.shape[1:]) != shape:
-            raise ValueError(f"observation: expected shape {shape} or [B, *{shape}], got "
-                             f"{tuple(np.shape(observation))}")
-        b = obs.shape[0]
+        obs, single = _batched_observation(observation, self.observation_space)
+        b = batch_size_of(obs)
         device = self.module.device
         if state is None:
             state = self.initial_state(b)
@@ -323,7 +319,8 @@ class Policy:
         else:
             first = torch.zeros(b, dtype=torch.bool, device=device) if episode_start is None \
                 else torch.as_tensor(np.asarray(episode_start, bool).reshape(b), device=device)
-        x = torch.as_tensor(obs.astype(self.module.observation_dtype, copy=False), device=device)
+        x = _map(lambda a, dtype: torch.as_tensor(a.astype(dtype, copy=False), device=device),
+                 obs, self.module.observation_dtype)
         with torch.no_grad():
             action, state = (self.module(x, first, state) if deterministic else
                              self.module.sample(x, first, state))
@@ -351,12 +348,14 @@ class Policy:
         example = (module._sample_observation(2),
                    torch.tensor([True, False], device=module.device), module.initial_state(2))
         batch = torch.export.Dim("batch")
-        dynamic = ({0: batch}, {0: batch}, tuple({0: batch} for _ in example[2]))
+        dynamic = (_map(lambda _: {0: batch}, example[0]), {0: batch},
+                   tuple({0: batch} for _ in example[2]))
         with torch.no_grad():
             program = torch.export.export(module, example, dynamic_shapes=dynamic, strict=False)
         record = {
-            "observation_shape": list(self.observation_space.shape),
-            "observation_dtype": str(module.observation_dtype),
+            "observation_shape": _map(lambda space: list(space.shape),
+                                      _spaces(self.observation_space)),
+            "observation_dtype": _map(str, module.observation_dtype),
             "state": [{"shape": list(shape), "dtype": str(dtype).removeprefix("torch.")}
                       for shape, dtype in module.state_specs],
             "recurrent": module.recurrent, "env_id": self.agent.env_id,
@@ -388,14 +387,16 @@ class OneEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         obs, _ = self.vector.reset(seed=seed)
-        return obs[0], {}
+        return _map(lambda a: a[0], obs), {}
 
     def step(self, action):
         action = np.asarray(action)
         if isinstance(self.action_space, gym.spaces.Box):
             action = np.clip(action, self.action_space.low, self.action_space.high)
-        obs, reward, terminated, truncated, _ = self.vector.step(action[None])
-        return obs[0], float(reward[0]), bool(terminated[0]), bool(truncated[0]), {}
+        obs, reward, terminated, truncated, info = self.vector.step(action[None])
+        info = {k: v[0] for k, v in info.items() if k == "is_success"}  # goal envs' verdict
+        return (_map(lambda a: a[0], obs), float(reward[0]), bool(terminated[0]),
+                bool(truncated[0]), info)
 
     def render(self):
         frames = self.vector.render()
@@ -413,6 +414,51 @@ def load_exported(path: str):
     extra = {EXPORT_INFO: ""}
     program = torch.export.load(path, extra_files=extra)
     return program.module(), json.loads(extra[EXPORT_INFO])
+
+
+def _map(fn, value, *more):
+    """``fn`` of ``value`` (and the matching ``more``), per key where ``value`` is a dict:
+    a Dict space's observation is handled key by key, an array one at once."""
+    if isinstance(value, dict):
+        return {k: fn(v, *(m[k] for m in more)) for k, v in value.items()}
+    return fn(value, *more)
+
+
+def _spaces(space: gym.Space):
+    return dict(space.spaces) if isinstance(space, gym.spaces.Dict) else space
+
+
+def _batched_observation(observation, space: gym.Space) -> tuple[Any, bool]:
+    """``(observation as [B, ...] numpy arrays, whether one observation was given)``: a dict
+    for a ``Dict`` space (its keys, each shaped as the space says). Raises ``ValueError``
+    naming what does not fit."""
+    def array(x):
+        return observation_array(x.cpu().numpy() if isinstance(x, torch.Tensor)
+                                 else np.asarray(x))
+
+    if isinstance(space, gym.spaces.Dict):
+        if not isinstance(observation, dict):
+            raise ValueError(f"observation: expected a dict with keys "
+                             f"{', '.join(space.spaces)}, got {type(observation).__name__}")
+        missing = [k for k in space.spaces if k not in observation]
+        if missing:
+            raise ValueError(f"observation: no key {missing[0]!r} (expected "
+                             f"{', '.join(space.spaces)})")
+        obs = {k: array(observation[k]) for k in space.spaces}
+        shapes = {k: tuple(sub.shape) for k, sub in space.spaces.items()}
+    else:
+        obs, shapes = array(observation), tuple(space.shape)
+    given = _map(lambda a: tuple(a.shape), obs)
+    single = _map(lambda a, shape: a.ndim == len(shape), obs, shapes)
+    single = all(single.values()) if isinstance(single, dict) else single
+    if single:
+        obs = _map(lambda a: a[None], obs)
+    checks = ([(f"observation[{k!r}]", obs[k], shapes[k], given[k]) for k in obs]
+              if isinstance(obs, dict) else [("observation", obs, shapes, given)])
+    for where, a, shape, got in checks:
+        if tuple(a.shape[1:]) != shape:
+            raise ValueError(f"{where}: expected shape {shape} or [B, *{shape}], got {got}")
+    return obs, single
 
 
 def _plain(value) -> bool:

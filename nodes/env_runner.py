@@ -9,7 +9,8 @@ bootstraps across the break, then starts new episodes and keeps going.
 Environments come from :func:`algorithms.envs.make_env` (Gymnasium ids, Atari with its
 preprocessing as ``env_kwargs``, MinAtar). Observations go out in the env's dtype (uint8 frames
 stay uint8), one new frame per step: frame stacking is the acting policy's and the replay
-store's. Episode metrics report whole games in raw score, also where the learner sees lost
+store's. A ``Dict`` observation (goal-conditioned envs) goes out as one field per key,
+``observation.<key>`` (:func:`algorithms.steps.flat_fields`). Episode metrics report whole games in raw score, also where the learner sees lost
 lives as episode ends and clipped rewards (Atari training).
 """
 
@@ -24,7 +25,7 @@ import gymnasium as gym
 import numpy as np
 
 from algorithms.envs import make_env as make_vector_env
-from algorithms.steps import StepType, TimeStep, VectorEnvStepper
+from algorithms.steps import StepType, TimeStep, VectorEnvStepper, flat_fields
 from nodes._agent import Agent, agent_field
 from nodes.messages import ActionBatch, Metrics, TimeStepBatch
 from pipeline.ports import Port, Ports, Service
@@ -126,7 +127,8 @@ async def _step_group(config: Config, node, group: int, policy, metrics, stats: 
 
     def ask() -> None:
         nonlocal sent
-        sent = policy.send(TimeStepBatch(node.info.instance, env_offset, ts._asdict()),
+        sent = policy.send(TimeStepBatch(node.info.instance, env_offset,
+                                         flat_fields(ts._asdict())),
                            config.request_timeout_s)
 
     def going_on() -> bool:

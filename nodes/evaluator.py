@@ -3,10 +3,11 @@
 Every ``eval_interval`` environment steps (as stamped on the parameters: the first parameters
 at or past each multiple of it, or also at 0 with ``eval_at_start``) it runs
 ``num_eval_episodes`` episodes in parallel with ``predict_step`` and publishes
-``eval/return``, ``eval/length`` and ``eval/seconds`` (from the parameters' arrival to the
-result, so a benchmark can take evaluation off a training clock). With ``stop_at_return`` set
-it finishes once an evaluation reaches it, which ends a graph that lists it in
-``run.stop_when``.
+``eval/return``, ``eval/length``, ``eval/success_rate`` (where the env reports
+``info["is_success"]``: the share of episodes that ended in success) and ``eval/seconds``
+(from the parameters' arrival to the result, so a benchmark can take evaluation off a
+training clock). With ``stop_at_return`` (or ``stop_at_success_rate``) set it finishes once an
+evaluation reaches it, which ends a graph that lists it in ``run.stop_when``.
 
 It keeps the policy it evaluated (:func:`keep_policy`): each evaluation that beats the best so
 far writes the parameters it evaluated to ``RUN_DIR/best/``, and the evaluation that reaches
@@ -49,6 +50,9 @@ class Config:
                                                        "doc": "env steps between evaluations"})
     stop_at_return: float | None = field(default=None, metadata={
         "doc": "finish once the mean return reaches this"})
+    stop_at_success_rate: float | None = field(default=None, metadata={
+        "doc": "finish once the success rate (info[\"is_success\"] at episodes' ends) reaches "
+               "this; with stop_at_return too, both must be met"})
     seed: int = field(default=10_000, metadata={"doc": "evaluation env seed"})
     eval_at_start: bool = field(default=False, metadata={
         "doc": "also evaluate the untrained policy (it competes for CPU with start-up)"})
@@ -149,19 +153,20 @@ async def run(config: Config, node, ready) -> dict:
 
             probes = ProbeLog(node.status, config.agent.probe_observation)
         probes.record(alg, msg.version)
-        mean_return, mean_length = await asyncio.to_thread(
-            _evaluate, alg, config)
+        result = await asyncio.to_thread(_evaluate, alg, config)
+        mean_return, mean_length = result.mean_return, result.mean_length
         seconds = time.monotonic() - started
         evaluations += 1
         next_eval = next_evaluation(msg.env_steps, config.eval_interval)
         node.status.update(env_steps=msg.env_steps, eval_return=round(mean_return, 1))
-        reached = config.stop_at_return is not None and mean_return >= config.stop_at_return
+        reached = _reached(config, mean_return, result.success_rate)
         keep = ([BEST] if mean_return > best else []) + ([REACHED] if reached else [])
         # Kept before the result is published: whoever sees an eval/return finds its
         # policy on disk (a run that stops at stop_at_return included).
         kept_all = True
         if run_dir and keep:
-            info = _record(config, msg, mean_return, mean_length, reached)
+            info = {**_record(config, msg, mean_return, mean_length, reached),
+                    "success_rate": result.success_rate}
             policy = alg.policy_state_dict()  # a copy, before the next parameters load
             for name in keep:
                 kept_all &= await _keep(node, os.path.join(run_dir, name), policy, info)
@@ -170,13 +175,24 @@ async def run(config: Config, node, ready) -> dict:
             node.status.update(_best(best, best_dir))
         log.info("env_steps %d version %d: eval return %.1f", msg.env_steps, msg.version,
                  mean_return)
-        await metrics.send(Metrics(node.info.instance, msg.env_steps, {
-            "eval/return": mean_return, "eval/length": mean_length,
-            "eval/version": msg.version, "eval/seconds": seconds}))
+        values = {"eval/return": mean_return, "eval/length": mean_length,
+                  "eval/version": msg.version, "eval/seconds": seconds}
+        if result.success_rate is not None:  # goal-conditioned envs: info["is_success"]
+            values["eval/success_rate"] = result.success_rate
+            node.status["eval_success_rate"] = round(result.success_rate, 3)
+        await metrics.send(Metrics(node.info.instance, msg.env_steps, values))
         if reached:
             return {"reached": mean_return, "env_steps": msg.env_steps, "evaluations":
                     evaluations, **_best(best, best_dir)}
     return {"evaluations": evaluations, **_best(best, best_dir)}
+
+
+def _reached(config: Config, mean_return: float, success_rate: float | None) -> bool:
+    """Every stop criterion the config sets is met (none set: never)."""
+    wanted = [(config.stop_at_return, mean_return),
+              (config.stop_at_success_rate, success_rate)]
+    wanted = [(bar, value) for bar, value in wanted if bar is not None]
+    return bool(wanted) and all(value is not None and value >= bar for bar, value in wanted)
 
 
 async def _keep(node, path: str, policy: dict, info: dict) -> bool:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from algorithms.data import TimeStep
+from algorithms.steps import flat_fields, nested_fields
 from nodes._agent import Agent, agent_field
 from nodes._common import (
     FirstBatchCheck,
@@ -177,7 +178,7 @@ class Unroller:
         for i, request in enumerate(requests):
             lo, hi = bounds[i], bounds[i + 1]
             await request.reply(ActionBatch(action[lo:hi], self.version, self.env_steps))
-        rows = strip_empty({**ts._asdict(), "action": action,
+        rows = strip_empty({**flat_fields(ts._asdict()), "action": action,
                             **{f"rollout_info.{k}": v for k, v in info.items()}})
         self.check_rows(rows)
         if self.partitioned:
@@ -318,13 +319,16 @@ def _env_ids(request) -> list:
 
 
 def _batched_time_step(steps: list) -> TimeStep:
-    """One ``TimeStep`` of every request's envs, with global env ids."""
+    """One ``TimeStep`` of every request's envs, with global env ids (a dict observation
+    comes as ``observation.<key>`` fields and leaves as a dict)."""
     if len(steps) == 1:  # the common case with one runner: no copies
         step = steps[0]
-        ts = TimeStep(**{k: step.time_step[k] for k in TimeStep._fields})
+        fields = nested_fields(step.time_step)
+        ts = TimeStep(**{k: fields[k] for k in TimeStep._fields})
         return ts._replace(env_id=np.asarray(ts.env_id) + step.env_offset)
-    ts = TimeStep(**{k: np.concatenate([np.asarray(s.time_step[k]) for s in steps])
-                     for k in TimeStep._fields})
+    fields = nested_fields({k: np.concatenate([np.asarray(s.time_step[k]) for s in steps])
+                            for k in steps[0].time_step})
+    ts = TimeStep(**{k: fields[k] for k in TimeStep._fields})
     return ts._replace(env_id=np.concatenate(
         [np.asarray(s.time_step["env_id"]) + s.env_offset for s in steps]))
 

@@ -88,7 +88,11 @@ def flatten_with_paths(nest, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def get_field(nest, path: str):
-    """The sub-nest at dotted ``path`` (attribute or key at each level)."""
+    """The sub-nest at dotted ``path`` (attribute or key at each level). A flat dict whose
+    key holds the dots itself (``observation.desired_goal``, how the replay store keeps a
+    dict observation's fields) is found by the whole key first."""
+    if isinstance(nest, dict) and path in nest:
+        return nest[path]
     for part in path.split(".") if path else []:
         if isinstance(nest, dict):
             nest = nest[part]

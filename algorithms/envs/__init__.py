@@ -10,7 +10,8 @@ Three families, told apart by the id:
   ``env_kwargs`` are :class:`~algorithms.envs.minatar.MinAtarOptions`.
 * any other registered Gymnasium id: ``gymnasium.make_vec`` (sync), ``env_kwargs`` go to
   ``gymnasium.make``; :mod:`algorithms.envs.pomdp` registers the partially observed ones
-  (``CartPoleNoVelocity-v1``).
+  (``CartPoleNoVelocity-v1``); Gymnasium-Robotics' ids (``FetchReach-v4``: a ``Dict``
+  observation, goal-conditioned) are registered when first asked for, if installed.
 
 Any id may name the module that registers it, Gymnasium's ``"module:EnvId"`` form
 (``"corridor:Corridor-v0"`` imports ``corridor``, then makes ``Corridor-v0``): the module is
@@ -25,6 +26,7 @@ ALF time steps. No torch here: an env runner starts without importing it.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 import gymnasium as gym
 
@@ -67,11 +69,27 @@ def check_env_id(env_id: str, env_kwargs: dict | None = None) -> None:
                              f"pip install -e '.[{minatar.EXTRA}]'")
     else:
         try:
-            gym.spec(env_id)
+            _spec_with_robotics(env_id)
         except gym.error.Error as exc:
             raise ValueError(f"unknown environment id {env_id!r}: {exc} (your own? name the "
                              f"module that registers it: module:{env_id}, or the graph's "
                              f"imports:)") from None
+
+
+def _spec_with_robotics(env_id: str):
+    """``gym.spec(env_id)``, registering Gymnasium-Robotics' envs (FetchReach-v4, ...) first
+    when the id is not known yet and the package is installed (the ``[mujoco]`` extra).
+
+    Why lazily: importing it loads MuJoCo's Python bindings (and prints a note on stdout),
+    which no other env needs; it registers its ids only when imported
+    (``gym.register_envs``)."""
+    try:
+        return gym.spec(env_id)
+    except gym.error.Error:
+        if importlib.util.find_spec("gymnasium_robotics") is None:
+            raise
+    gym.register_envs(importlib.import_module("gymnasium_robotics"))
+    return gym.spec(env_id)
 
 
 def make_env(env_id: str, num_envs: int, seed: int | None = None,

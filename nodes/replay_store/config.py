@@ -86,6 +86,23 @@ class Config:
         "doc": "hybrid: serve this many batches from the datasets alone first, as soon as the "
                "learner asks, before (and not counted against) the run's own experience "
                "(ALF's offline updates before RL)", "minimum": 0})
+    her_relabel_ratio: float = field(default=0.0, metadata={
+        "doc": "hindsight experience replay: share of sampled windows whose desired goal is "
+               "replaced by an achieved one of the same episode, rewards recomputed (0 = off; "
+               "needs a goal-conditioned Dict observation; docs/her.md)"})
+    her_strategy: str = field(default="future", metadata={
+        "doc": "where the new goal comes from: future (a later step of the episode) or final "
+               "(its last step)"})
+    her_achieved_goal: str = field(default="achieved_goal", metadata={
+        "doc": "the observation key of the goal the env reached"})
+    her_desired_goal: str = field(default="desired_goal", metadata={
+        "doc": "the observation key of the goal the env asks for"})
+    her_reward: str | None = field(default=None, metadata={
+        "doc": "module:function(achieved [N, G], desired [N, G]) -> reward [N] for relabeled "
+               "steps (null: 0 within her_distance_threshold of the goal, else -1)"})
+    her_distance_threshold: float = field(default=0.05, metadata={
+        "doc": "goal distance that counts as reached, for the default reward (FetchReach: "
+               "0.05)", "minimum": 0.0})
     agent: Agent | None = field(default=None, metadata={
         "doc": "the graph's agent: section (filled in at load): the first batch from each "
                "sender is checked against its experience schema"})
@@ -128,6 +145,9 @@ class Config:
         if self.throughput_period_s is not None and self.throughput_period_s <= 0:
             raise ConfigError("throughput_period_s", "must be > 0")
         self._validate_datasets()
+        from nodes.replay_store.her import validate_her
+
+        validate_her(self)
 
     def _validate_datasets(self) -> None:
         """Datasets: lists that match, sample extras they cannot give, an algorithm that

@@ -22,6 +22,7 @@ from nodes.messages import (
 )
 from nodes.replay_store.config import Config, buffer_controls
 from nodes.replay_store.continuity import applied_in_files
+from nodes.replay_store.her import make_relabeler
 from nodes.replay_store.offline import OfflineRows
 from nodes.replay_store.rate_limiter import RateLimiter
 from nodes.replay_store.shard import ShardEnvs, sample_mass
@@ -54,6 +55,8 @@ class ReplayStore:
         self.buffer: ReplayBuffer | None = None
         self.controls: dict = {}
         self.ere = ERE(config.ere_eta, config.ere_cmin) if config.ere_eta is not None else None
+        # Hindsight relabeling of sampled windows (storage.her), None when off.
+        self.her = make_relabeler(config)
         self.sample_requests = 0  # served, for ERE's round
         self.pretrained = 0  # offline_pretrain_batches served
         self.last_sample: dict = {}  # per-sample figures published as metrics
@@ -106,7 +109,9 @@ class ReplayStore:
                   config.priority_replay_eps) if config.prioritized_sampling else None
         self.controls = buffer_controls(config)
         stacking = config.frame_stack > 1  # stacks need episode starts and k - 1 older frames
-        episodic = config.keep_episodic_info or config.record_episodic_return or stacking
+        # Stacks and hindsight goals must not cross an episode's start or end.
+        episodic = (config.keep_episodic_info or config.record_episodic_return or stacking
+                    or self.her is not None)
         self.buffer = ReplayBuffer(
             spec, config.num_environments, config.max_length,
             num_earliest_frames_ignored=max(config.num_earliest_frames_ignored,
@@ -264,6 +269,9 @@ class ReplayStore:
             experience[self.config.frame_field] = stacked_frames(
                 self.buffer, self.config.frame_field, info.env_ids, info.positions,
                 req.batch_length, self.config.frame_stack).cpu()
+        if self.her is not None:  # before the extras: they describe the stored steps
+            relabeled = self.her.relabel(self.buffer, experience, info.env_ids, info.positions)
+            self.last_sample["her_relabeled_share"] = float(relabeled.mean())
         experience.update(self._extras(info))
         return (experience, info.env_ids.cpu(), info.positions.cpu(),
                 info.importance_weights.cpu())
@@ -422,6 +430,7 @@ class ReplayStore:
                 "inserted": self.limiter.inserted, "sampled": self.limiter.sampled,
                 "sample_requests": self.sample_requests, "applied": dict(self.applied),
                 "pretrained": self.pretrained,
+                "her": self.her.state_dict() if self.her is not None else None,
                 "shard_envs": self.shard_envs.state() if self.shard_envs is not None else None}
 
     def restore(self, state: dict) -> None:
@@ -434,5 +443,7 @@ class ReplayStore:
         self.sample_requests = int(state.get("sample_requests", 0))
         self.pretrained = int(state.get("pretrained", 0))
         self.applied = dict(state.get("applied") or {})
+        if self.her is not None and state.get("her") is not None:
+            self.her.load_state_dict(state["her"])
         if self.shard_envs is not None:
             self.shard_envs.restore(state.get("shard_envs"))
