@@ -182,8 +182,8 @@ def test_evaluation_reports_the_success_rate():
     # A policy that never moves succeeds exactly where the goal starts within reach; the
     # env's own verdict at the last step decides, and a Box-observation env reports none.
     assert evaluate(alg, ENV, 3, seed=0) == result  # seeded
-    from algorithms.random_policy import RandomPolicy
     from algorithms.configs import RandomConfig
+    from algorithms.random_policy import RandomPolicy
 
     pendulum = RandomPolicy(None, gym.spaces.Box(-2, 2, (1,), np.float32), RandomConfig(seed=0))
     assert evaluate(pendulum, "Pendulum-v1", 2, seed=0).success_rate is None
