@@ -1,4 +1,4 @@
-"""Offline and hybrid RL: behaviour cloning and IQL, trained from datasets.
+"""Offline and hybrid RL: behaviour cloning, IQL and CQL, trained from datasets.
 
 Each config extends :class:`algorithms.config_base.AlgorithmConfig` (or a class of
 :mod:`algorithms.config_core`) and is listed in ``CONFIGS``; :mod:`algorithms.configs` gathers
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from algorithms.config_base import DISCOUNT, POSITIVE, AlgorithmConfig, hp
+from algorithms.config_core import SacConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,4 +79,24 @@ class IqlConfig(AlgorithmConfig):
                                      range=POSITIVE)
 
 
-CONFIGS: tuple[type, ...] = (BcConfig, IqlConfig)
+@dataclass(frozen=True, kw_only=True)
+class CqlConfig(SacConfig):
+    """Conservative Q-learning, CQL(H) (Kumar et al. 2020) on SAC, continuous actions: SAC's
+    losses plus a term that lowers each critic's soft maximum over sampled actions and raises
+    it at the dataset's action (``algorithms.cql``). Defaults are the paper's MuJoCo ones
+    (``cql_alpha`` 5, 10 actions per kind, actor 1e-4, no entropy in the target)."""
+
+    algorithm: ClassVar[str] = "algorithms.cql:CqlAlgorithm"
+    name: Literal["cql"] = hp("cql", "algorithm name")
+    actor_learning_rate: float = hp(1e-4, "Adam learning rate of the actor", range=POSITIVE)
+    use_entropy_reward: bool = hp(False, "include -alpha * log pi in the critics' target "
+                                         "(off in CQL's reference settings)")
+    cql_alpha: float = hp(5.0, "weight of the conservative term in each critic's loss",
+                          minimum=0.0)
+    cql_num_actions: int = hp(10, "actions sampled per state from each of: uniform, the "
+                                  "policy at s, the policy at s'", minimum=1)
+    cql_temperature: float = hp(1.0, "temperature T of the soft maximum "
+                                     "T * logsumexp(Q / T)", range=POSITIVE)
+
+
+CONFIGS: tuple[type, ...] = (BcConfig, IqlConfig, CqlConfig)
