@@ -471,8 +471,9 @@ def main(argv=None) -> int:
                    "(default datasets, where the HalfCheetah offline graphs read them)")
     datasets = ["pendulum", *HALFCHEETAH]
     p = sub.add_parser("offline", help="offline graphs, one run per algorithm and seed")
-    p.add_argument("algorithms", nargs="+", choices=["iql", "bc"], metavar="ALGORITHM",
-                   help="iql and/or bc: graphs/<algorithm>_<pendulum|halfcheetah>_offline.yaml")
+    p.add_argument("algorithms", nargs="+", choices=["iql", "bc", "cql"], metavar="ALGORITHM",
+                   help="iql, bc, cql (HalfCheetah only): "
+                        "graphs/<algorithm>_<pendulum|halfcheetah>_offline.yaml")
     p.add_argument("--dataset", choices=datasets, default="pendulum",
                    help="pendulum (default), halfcheetah-medium or halfcheetah-medium-replay")
     p = sub.add_parser("score", help="offline's figures for runs made before")

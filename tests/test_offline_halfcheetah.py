@@ -138,7 +138,8 @@ def test_the_same_seed_writes_the_same_rollouts(bench, tmp_path):
     assert a["returns"] == b["returns"]
 
 
-@pytest.mark.parametrize("name", ["iql_halfcheetah_offline", "bc_halfcheetah_offline"])
+@pytest.mark.parametrize("name", ["iql_halfcheetah_offline", "bc_halfcheetah_offline",
+                                  "cql_halfcheetah_offline"])
 def test_halfcheetah_graphs_check_with_a_dataset_and_name_it_without(bench, tmp_path, name):
     from conduit import load_policy
 
@@ -158,7 +159,7 @@ def test_halfcheetah_graphs_check_with_a_dataset_and_name_it_without(bench, tmp_
 
 
 def test_graphs_read_where_the_bench_writes(bench):
-    for name in ("iql_halfcheetah_offline", "bc_halfcheetah_offline"):
+    for name in ("iql_halfcheetah_offline", "bc_halfcheetah_offline", "cql_halfcheetah_offline"):
         with open(os.path.join(ROOT, "graphs", f"{name}.yaml")) as f:
             datasets = yaml.safe_load(f)["nodes"]["replay_store"]["config"]["datasets"]
         assert datasets == [bench.HALFCHEETAH["halfcheetah-medium"]]
