@@ -112,10 +112,11 @@ def nested_fields(fields: dict) -> dict:
 
 
 def batch_size_of(observation) -> int:
-    """The leading dimension of an observation, a dict one included."""
+    """The leading dimension of an observation, a dict one included (not cast to ``int``:
+    under ``torch.export`` it is the symbolic batch size, which a cast would fix)."""
     if isinstance(observation, dict):
         observation = next(iter(observation.values()))
-    return int(observation.shape[0])
+    return observation.shape[0]
 
 
 def success_of(info: dict, num_envs: int) -> np.ndarray | None:
