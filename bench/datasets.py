@@ -462,8 +462,8 @@ def main(argv=None) -> int:
     p.add_argument("--sac-run", metavar="RUN_DIR",
                    help="a finished run of graphs/sac_halfcheetah.yaml to use instead of "
                         "making one (it must have kept its checkpoints near the medium point)")
-    p.add_argument("--env-steps", type=int, default=300_000,
-                   help="the SAC run's budget (default 300000)")
+    p.add_argument("--env-steps", type=int, default=200_000,
+                   help="the SAC run's budget (default 200000)")
     p.add_argument("--medium-steps", type=int, default=200_000,
                    help="transitions of the medium policy's rollouts (default 200000)")
     p.add_argument("--seed", type=int, default=0)
