@@ -5,28 +5,39 @@
     python bench/datasets.py offline bc [--seeds 0,1,2]  # graphs/bc_pendulum_offline.yaml
     python bench/datasets.py hybrid [--seeds 0,1,2]      # graphs/sac_pendulum_hybrid.yaml,
                                                          # with and without the dataset
-    python bench/datasets.py halfcheetah-medium          # the procedure, see below
-    python bench/datasets.py halfcheetah-medium-replay
+    python bench/datasets.py halfcheetah [--sac-run RUN] # datasets/halfcheetah-medium-v0 and
+                                                         # halfcheetah-medium-replay-v0
+    python bench/datasets.py offline iql bc --dataset halfcheetah-medium [--seeds 0,1,2]
+    python bench/datasets.py score --dataset halfcheetah-medium RUN_DIR...  # runs made before
 
 ``pendulum`` is the reference procedure of the Pendulum dataset: graphs/sac_pendulum.yaml run
 to 10,000 env steps (no early stop at -200, a replay ring of 10,000 steps), then
 ``run.py dataset`` on its final checkpoint into ``datasets/pendulum-sac-v0``, where the offline
 and hybrid graphs read it by default. It prints the dataset's episode returns.
 
-``offline`` and ``hybrid`` run the graphs for real, one run per seed (``--seed`` of run.py:
-every node's seed plus N), and print each run's result and the median: for offline graphs the
-best evaluation and the updates at which it first reached -200; for hybrid the env steps at
-which the evaluation first reached -200, with the dataset and without it
-(``--set nodes.replay_store.config.datasets=null`` and ``offline_pretrain_batches=0``: the same
-graph otherwise).
+``halfcheetah`` is the reference procedure of the HalfCheetah-v5 datasets (D4RL's "medium" and
+"medium-replay", made here): graphs/sac_halfcheetah.yaml run to ``--env-steps`` (200,000) with
+a checkpoint every 30 s, all kept (or ``--sac-run``, such a run made before). Its best
+evaluation is the normalized score's 100, the mean return of 20 episodes of uniformly random
+actions its 0. The checkpoints around the stretch where its evaluations went from a quarter to
+half of the best are evaluated (10 greedy episodes each), and the one whose return lies in a
+third to a half of the best, nearest the middle of that range, is the medium policy:
+``halfcheetah-medium`` is its exploring actions (SAC's sampled ones, as D4RL's medium) played
+for ``--medium-steps`` (200,000) transitions and written from buffers with
+``storage.datasets.write_dataset``; ``halfcheetah-medium-replay`` is ``run.py dataset`` of that
+checkpoint (the run's replay up to there). Each dataset directory gets a ``normalization.json``
+(0, 100, the medium policy, the dataset's own mean return and score), which the HalfCheetah
+figures read. The graphs read both where this writes them.
 
-HalfCheetah (not measured yet: it needs a SAC HalfCheetah-v5 run of about 1M env steps, hours
-on the 2-core machine): ``halfcheetah-medium-replay`` is ``run.py dataset`` of the checkpoint at
-which that run's evaluation first reached a third to a half of its best return (a
-``checkpointer`` with ``num_checkpoints`` large enough to keep it); ``halfcheetah-medium`` plays
-that checkpoint's policy (``conduit.load_policy(RUN, which=CKPT)``, stochastic actions) for
-200,000+ steps and writes the episodes with ``storage.datasets.write_dataset``. The
-normalized score's 0 and 100 are a uniform random policy's return and that run's best.
+``offline`` and ``hybrid`` run the graphs for real, one run per seed (``--seed`` of run.py:
+every node's seed plus N), and print each run's result and the median: for Pendulum's offline
+graphs the best evaluation and the updates at which it first reached -200; for HalfCheetah's
+the final return (the mean of the last 3 evaluations, 30 episodes) and the best, raw and
+normalized, the medians of the final normalized score and each algorithm's median minus BC's;
+for hybrid the env steps at which the evaluation first reached -200, with the dataset and
+without it (``--set nodes.replay_store.config.datasets=null`` and
+``offline_pretrain_batches=0``: the same graph otherwise). ``score`` prints the same for runs
+made before (one seed at a time, say).
 
 The last line printed is one JSON object with every figure.
 """
