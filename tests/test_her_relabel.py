@@ -216,3 +216,20 @@ def test_ratio_zero_needs_no_goals():
     """The same store without relabeling takes any env (HER off)."""
     result = check("agent.env_id=Pendulum-v1", "nodes.replay_store.config.her_relabel_ratio=0")
     assert result.returncode == 0, result.stderr
+
+
+def test_a_missing_robotics_package_names_the_extra(monkeypatch):
+    """Without gymnasium-robotics a Fetch id asks for the extra (a shipped graph's check then
+    skips, as for Atari), instead of calling the id unknown."""
+    import importlib.util
+
+    from algorithms.envs import check_env_id
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gymnasium_robotics" else real(name, *a))
+    with pytest.raises(ValueError, match=r"FetchNowhere-v9 needs the \[mujoco\] extra.*"
+                                         r"pip install"):
+        check_env_id("FetchNowhere-v9")
+    with pytest.raises(ValueError, match="unknown environment id"):
+        check_env_id("NoSuchEnvAtAll-v0")

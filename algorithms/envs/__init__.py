@@ -76,6 +76,12 @@ def check_env_id(env_id: str, env_kwargs: dict | None = None) -> None:
                              f"imports:)") from None
 
 
+# Gymnasium-Robotics' env families, named when the package is missing (else an unknown id).
+ROBOTICS_PREFIXES = ("Fetch", "HandReach", "HandManipulate", "AdroitHand", "PointMaze",
+                     "AntMaze", "FrankaKitchen")
+ROBOTICS_EXTRA = "mujoco"
+
+
 def _spec_with_robotics(env_id: str):
     """``gym.spec(env_id)``, registering Gymnasium-Robotics' envs (FetchReach-v4, ...) first
     when the id is not known yet and the package is installed (the ``[mujoco]`` extra).
@@ -87,6 +93,10 @@ def _spec_with_robotics(env_id: str):
         return gym.spec(env_id)
     except gym.error.Error:
         if importlib.util.find_spec("gymnasium_robotics") is None:
+            if env_id.startswith(ROBOTICS_PREFIXES):
+                raise ValueError(f"{env_id} needs the [{ROBOTICS_EXTRA}] extra "
+                                 f"(gymnasium-robotics): pip install -e "
+                                 f"'.[{ROBOTICS_EXTRA}]'") from None
             raise
     gym.register_envs(importlib.import_module("gymnasium_robotics"))
     return gym.spec(env_id)
