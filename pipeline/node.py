@@ -233,6 +233,10 @@ async def run_instance(launch: Launch, sockets: SocketFactory | None = None,
                        tasks.create_task(_leave_on_stop(node))]
             try:
                 summary = await kind.run(config, node, ready)
+                # Done for good: say so to every publisher, which then stops waiting for this
+                # group at its own end (a consumer that vanishes without a Leave was killed,
+                # and they wait for its replacement).
+                bus.leave_all()
                 # Not for groups whose consumers all left (a learner that finished its
                 # budget): none will come back for what this process holds, and waiting
                 # would last until the supervisor's SIGKILL. What they did not take is

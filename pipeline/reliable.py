@@ -131,6 +131,14 @@ class _Group:
     # A member has joined once: a group without members now has left (a learner at its
     # budget), not yet come (a consumer still starting, which must get what was held for it).
     joined: bool = False
+    # Its last member said Leave before it went (a consumer done for good). One that went
+    # without a word crashed or was evicted: its replacement is coming for what it held.
+    left: bool = False
+
+    def awaited(self, present_only: bool) -> bool:
+        """Whether a final flush waits for this group (see ``ReliablePublisher.flush``)."""
+        return (not present_only or bool(self.members)
+                or (self.declared and not (self.joined and self.left)))
 
     def pending(self) -> int:
         return len(self.backlog) + sum(len(m.inflight) for m in self.members.values())
@@ -295,18 +303,21 @@ class ReliablePublisher:
 
     def pending(self, present_only: bool = False) -> int:
         """Messages some group has not acknowledged; ``present_only``: not those of groups
-        whose consumers all left (a declared group that has not joined yet still counts)."""
+        whose consumers all left for good (a declared group that has not joined yet, or
+        whose last consumer crashed and is being replaced, still counts)."""
         self.release_held()
-        return sum(g.pending() for g in self.groups.values()
-                   if g.members or not present_only or (g.declared and not g.joined))
+        return sum(g.pending() for g in self.groups.values() if g.awaited(present_only))
 
     async def flush(self, timeout: float | None = None, present_only: bool = False) -> bool:
         """Wait until every group has acknowledged everything; False on timeout.
 
-        ``present_only``: wait only for the groups that have a consumer connected or are
-        declared and still to join, also as consumers leave. The unroller's final flush: a learner that finished its budget has
-        left for good, and what it did not take would otherwise hold the final checkpoint
-        until the supervisor kills the checkpointer."""
+        ``present_only``: wait only for the groups that have a consumer connected, are
+        declared and still to join, or lost their last consumer without a Leave (killed:
+        its replacement takes what it held), also as consumers leave. The unroller's final
+        flush: a learner that finished its budget has left for good, and what it did not take
+        would otherwise hold the final checkpoint until the supervisor kills the
+        checkpointer; a producer that sent everything before its consumer was killed must
+        wait for the replacement, or what the dead one held is lost."""
         self.release_held()
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.pending(present_only):
@@ -524,6 +535,8 @@ class ReliablePublisher:
         if member is None:
             return
         del group.members[routing_id]
+        if not group.members:
+            group.left = member.leaving
         if remember:
             self._evicted.remember(routing_id, group, member)
         if not group.members and not group.declared:

@@ -17,7 +17,7 @@ import zmq.asyncio
 
 from pipeline import batch_codec, codec, reliable
 from pipeline.bus import Bus, TopicSpec
-from pipeline.messages import Batch, Credit, Join, Record
+from pipeline.messages import Batch, Credit, Join, Leave, Record
 from pipeline.sockets import SocketFactory
 
 TOPICS = {"numbers": TopicSpec("reliable", 100)}
@@ -636,7 +636,7 @@ def test_a_batch_with_a_bad_item_is_refused_whole(tmp_path):
     asyncio.run(asyncio.wait_for(_bad_batch_item(tmp_path), 30))
 
 
-async def _flush_present_only(tmp_path) -> None:
+async def _flush_present_only(tmp_path, leave: bool) -> None:
     async with _publisher_and_member(tmp_path) as (ctx, pub, raw):
         raw.connect(pub.endpoint)
         await raw.send_multipart(codec.encode(Join("numbers", "sink", "sink.0~0", 5, 1 << 30)))
@@ -644,19 +644,43 @@ async def _flush_present_only(tmp_path) -> None:
             await pub.send(Record(i, None))
         await asyncio.wait_for(raw.recv_multipart(), 5)  # delivered, never acknowledged
         assert not await pub.flush(0.2) and not await pub.flush(0.2, present_only=True)
-        # Its member gone (the supervisor saw it exit): nobody of that group will take them,
-        # and a present-only flush returns at once; a full one still waits for the group.
         waiting = asyncio.ensure_future(pub.flush(30, present_only=True))
         done, _ = await asyncio.wait([waiting], timeout=0.2)
         assert not done  # the member is there, with the messages unacknowledged
-        pub.drop_instances({"sink.0~0"})
-        assert await asyncio.wait_for(waiting, 5)
-        assert pub.pending() == 3 and not await pub.flush(0.2)
+        if leave:  # a consumer done for good (a learner at its budget) says so, then exits
+            await raw.send_multipart(codec.encode(Leave("numbers")))
+            await asyncio.wait_for(raw.recv_multipart(), 5)  # the LeaveAck
+        pub.drop_instances({"sink.0~0"})  # the supervisor saw it exit
+        if leave:
+            # Nobody of that group will take them: a present-only flush returns at once; a
+            # full one still waits for the group.
+            assert await asyncio.wait_for(waiting, 5)
+            assert pub.pending() == 3 and not await pub.flush(0.2)
+            return
+        # Killed without a word: its replacement takes what it held, and the flush waits
+        # for that (the producer that sent everything used to exit, and the records the dead
+        # consumer held were lost).
+        done, _ = await asyncio.wait([waiting], timeout=0.2)
+        assert not done
+        again = ctx.socket(zmq.DEALER)
+        again.linger = 0
+        try:
+            again.connect(pub.endpoint)
+            await again.send_multipart(
+                codec.encode(Join("numbers", "sink", "sink.0~1", 5, 1 << 30)))
+            await asyncio.wait_for(again.recv_multipart(), 5)  # the three, redelivered
+            await again.send_multipart(codec.encode(Credit("numbers", 3)))
+            assert await asyncio.wait_for(waiting, 5)
+            assert pub.pending() == 0
+        finally:
+            again.close(linger=0)
 
 
 @pytest.mark.timeout(60)
-def test_a_present_only_flush_does_not_wait_for_a_group_whose_consumers_left(tmp_path):
-    asyncio.run(asyncio.wait_for(_flush_present_only(tmp_path), 30))
+@pytest.mark.parametrize("leave", [True, False], ids=["left-for-good", "killed"])
+def test_a_present_only_flush_waits_only_for_groups_that_will_take_their_messages(tmp_path,
+                                                                                   leave):
+    asyncio.run(asyncio.wait_for(_flush_present_only(tmp_path, leave), 30))
 
 
 async def _busy_subscriber_acknowledges(tmp_path) -> None:
