@@ -55,6 +55,29 @@ def live_runs(tmp_path):
         run.kill()
 
 
+@pytest.fixture(scope="session")
+def dqn_cartpole_learned(tmp_path_factory):
+    """``(run, (env_steps, return))``: ``graphs/dqn_cartpole.yaml`` trained through the real
+    processes to 475 (:func:`tests.test_graphs_training.learned`), once per session. The tests
+    that read a learned run (its accounting, its TensorBoard, the best policy it kept) share it:
+    learning the same run twice cost CI a minute."""
+    from tests.pipeline_harness import LiveRun
+    from tests.test_graphs_training import graph, learned
+
+    root = tmp_path_factory.mktemp("dqn_cartpole_learned")
+    runs = []
+
+    def start(seed):
+        runs.append(LiveRun(str(root / f"run{seed}"), graph("dqn_cartpole"), seed=seed))
+        return runs[-1]
+
+    try:
+        yield learned(start, 475, 50_000, 550)
+    finally:
+        for run in runs:
+            run.kill()
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """The random order's seed at the end of every run, ``-q`` included: a failure that
     depends on the order is repeated with ``pytest --randomly-seed=N``."""

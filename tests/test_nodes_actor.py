@@ -148,6 +148,7 @@ def live(live_runs):
     return functools.partial(live_runs, ACTOR_GRAPH)
 
 
+@pytest.mark.slow  # CI learns DQN CartPole through the graph once (test_graphs_training)
 @pytest.mark.timeout(900)
 def test_dqn_cartpole_reaches_475_with_an_actor(live):
     run, _ = learned(lambda seed: live(seed=seed), 475, 50_000, 420)
@@ -198,7 +199,7 @@ def test_sigint_then_resume_keeps_every_step_and_the_actors_state(live, live_run
     """The actor stops first: it flushes all it took into replay and leaves its state, which
     the final checkpoint takes, so the checkpoint's actor and replay agree on every step and
     the resumed actor counts on from there."""
-    budget = 20_000
+    budget = 12_000
     first = live("nodes.evaluator.config.stop_at_return=null",
                  f"nodes.learner.config.num_env_steps={budget}",
                  "nodes.checkpointer.config.interval_s=600")  # only the final checkpoint
