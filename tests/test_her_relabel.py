@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline import graph as graphlib
 from storage import ReplayBuffer, TensorSpec
 from storage.her import HindsightRelabeler, distance_reward, import_reward
 
@@ -188,6 +189,9 @@ def test_a_reward_function_by_import_path():
             import_reward(bad)
 
 
+HER_GRAPH = os.path.join(ROOT, "graphs", "sac_her_fetchreach.yaml")
+
+
 def check(*overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "run.py", "check", "graphs/sac_her_fetchreach.yaml",
                            *(a for o in overrides for a in ("--set", o))],
@@ -203,19 +207,30 @@ def check(*overrides: str) -> subprocess.CompletedProcess:
      "cannot import"),
 ])
 def test_her_settings_are_checked_at_load(override, key, says):
+    """Each mistake as the graph's load reports it; run.py prints it as one line (below)."""
     pytest.importorskip("gymnasium_robotics")
-    result = check(override)
+    with pytest.raises(graphlib.GraphError) as info:
+        graphlib.load(HER_GRAPH, [override])
+    error = str(info.value)
+    assert len(error.splitlines()) == 1, error
+    assert f"nodes.replay_store.config.{key}" in error and says in error, error
+    assert "sac_her_fetchreach.yaml:" in error
+
+
+def test_a_her_mistake_is_one_line_from_run_py_check_and_exit_2():
+    pytest.importorskip("gymnasium_robotics")
+    result = check("agent.env_id=Pendulum-v1")
     assert result.returncode == 2, result
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
-    assert f"nodes.replay_store.config.{key}" in errors[0] and says in errors[0], errors[0]
-    assert "sac_her_fetchreach.yaml:" in errors[0]
+    assert "nodes.replay_store.config.her_relabel_ratio" in errors[0], errors[0]
+    assert "needs a goal-conditioned env" in errors[0] and "sac_her_fetchreach.yaml:" in errors[0]
 
 
 def test_ratio_zero_needs_no_goals():
     """The same store without relabeling takes any env (HER off)."""
-    result = check("agent.env_id=Pendulum-v1", "nodes.replay_store.config.her_relabel_ratio=0")
-    assert result.returncode == 0, result.stderr
+    graphlib.load(HER_GRAPH, ["agent.env_id=Pendulum-v1",
+                              "nodes.replay_store.config.her_relabel_ratio=0"])
 
 
 def test_a_missing_robotics_package_names_the_extra(monkeypatch):

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from pipeline import graph as graphlib
 from tests.pipeline_harness import ROOT, LiveRun
 
 GRAPH = """\
@@ -167,15 +168,28 @@ def test_prioritized_replay_anneals_beta_in_a_sample_range(live, tmp_path):
     assert ages and max(ages) < 100  # every start among each env's newest 100 steps
 
 
-@pytest.mark.parametrize("replay,message", [
+MISTAKES = [
     ({"sample_range": "[-100, null]", "ere_eta": 0.9}, "sample_range: and ere_eta both"),
     ({"beta_anneal_samples": 1000}, "beta_anneal_samples: needs prioritized_sampling"),
     ({"num_earliest_frames_ignored": 5000}, "num_earliest_frames_ignored: must be below"),
     ({"beta_start": 1.5}, "beta_start: must lie in [0, 1]"),
     ({"max_use": 0}, "max_use: must be >= 1"),
     ({"sample_range": "[1, 2, 3]"}, "sample_range: must be [start, stop]"),
-])
+]
+
+
+@pytest.mark.parametrize("replay,message", MISTAKES)
 def test_config_mistakes_are_one_line_at_load(tmp_path, replay, message):
+    """Each mistake, as the graph's load reports it (what run.py prints, below)."""
+    with pytest.raises(graphlib.GraphError) as info:
+        graphlib.load(write_graph(tmp_path, replay))
+    text = str(info.value)
+    assert len(text.splitlines()) == 1 and message in text and "replay_controls.yaml:" in text, \
+        text
+
+
+def test_a_config_mistake_is_one_line_from_run_py_and_exit_2(tmp_path):
+    replay, message = MISTAKES[0]
     graph = write_graph(tmp_path, replay)
     result = subprocess.run([sys.executable, os.path.join(ROOT, "run.py"), "run", graph,
                              "--run-dir", str(tmp_path / "run")], cwd=ROOT,

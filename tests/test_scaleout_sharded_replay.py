@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from pipeline import graph as graphlib
 from tests.pipeline_harness import ROOT, LiveRun
 
 GRAPH = os.path.join(ROOT, "graphs", "dqn_cartpole_sharded.yaml")
@@ -64,11 +65,20 @@ def _check(*overrides: str) -> subprocess.CompletedProcess:
     (("nodes.unroller.replicas=2",), ["unroller_state", "one state per component"]),
 ])
 def test_shard_mistakes_are_one_line_at_load(overrides, words):
-    out = _check(*overrides)
+    """Each mistake, as the graph's load reports it (run.py check prints it: below)."""
+    with pytest.raises(graphlib.GraphError) as info:
+        graphlib.load(GRAPH, overrides)
+    text = str(info.value)
+    assert text.count("\n") == 0, text
+    for word in words:
+        assert word in text, text
+
+
+def test_a_shard_mistake_is_one_line_from_run_py_check_and_exit_2():
+    out = _check("nodes.env_runner.replicas=3")
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().count("\n") == 0, out.stderr
-    for word in words:
-        assert word in out.stderr, out.stderr
+    assert "num_environments" in out.stderr and "per shard" in out.stderr, out.stderr
 
 
 def test_the_sharded_graph_loads():
