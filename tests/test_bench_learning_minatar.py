@@ -3,14 +3,13 @@ with: the bench refuses a DQN graph that drifts from its preset, SB3 runs DQN wi
 ours has it, and for MinAtar (``dqn MinAtar/Breakout --graph graphs/dqn_minatar.yaml``) the SB3 side
 sees the graph's observations (uint8 ``[4, 10, 10]``) through the same network shape."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from algorithms.envs import minatar
+from tests.bench_scripts import load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAPH = ROOT / "graphs" / "dqn_minatar.yaml"
@@ -18,11 +17,7 @@ GRAPH = ROOT / "graphs" / "dqn_minatar.yaml"
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_learning", ROOT / "bench" / "learning.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_learning"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("learning", "bench_learning")
 
 
 def test_the_short_id_names_the_graphs_preset(bench):

@@ -1,23 +1,18 @@
 """``bench/learning.py --seeds``: each seed's run gets the other arguments unchanged, and a run
 that missed the threshold raises the median instead of vanishing from it."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.bench_scripts import load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_learning_seeds",
-                                                  ROOT / "bench" / "learning.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_learning_seeds"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("learning", "bench_learning_seeds")
 
 
 @pytest.mark.parametrize("argv", [

@@ -7,7 +7,6 @@ the learning itself is measured by ``bench/datasets.py offline`` and the slow te
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,17 +17,13 @@ import pytest
 import torch
 import yaml
 
+from tests.bench_scripts import load_bench
 from tests.pipeline_harness import ROOT
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_datasets",
-                                                  os.path.join(ROOT, "bench", "datasets.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_datasets"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("datasets", "bench_datasets")
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

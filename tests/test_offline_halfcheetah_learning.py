@@ -7,13 +7,13 @@ three-seed medians (``bench/datasets.py offline iql bc --dataset ...``)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
 
+from tests.bench_scripts import load_bench
 from tests.pipeline_harness import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.xfail(
@@ -23,12 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xfail(
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_datasets_learning",
-                                                  os.path.join(ROOT, "bench", "datasets.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_datasets_learning"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("datasets", "bench_datasets_learning")
 
 
 @pytest.fixture(scope="module")
