@@ -227,6 +227,15 @@ def test_a_her_mistake_is_one_line_from_run_py_check_and_exit_2():
     assert "needs a goal-conditioned env" in errors[0] and "sac_her_fetchreach.yaml:" in errors[0]
 
 
+def test_an_unknown_env_id_is_the_agent_s_one_line_not_a_traceback_of_the_her_check():
+    pytest.importorskip("gymnasium_robotics")
+    with pytest.raises(graphlib.GraphError) as info:
+        graphlib.load(HER_GRAPH, ["agent.env_id=FetchNope-v1"])
+    error = str(info.value)
+    assert len(error.splitlines()) == 1, error
+    assert "agent.env_id: unknown environment id 'FetchNope-v1'" in error, error
+
+
 def test_ratio_zero_needs_no_goals():
     """The same store without relabeling takes any env (HER off)."""
     graphlib.load(HER_GRAPH, ["agent.env_id=Pendulum-v1",

@@ -25,12 +25,17 @@ ALF time steps. No torch here: an env runner starts without importing it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import io
+import logging
 
 import gymnasium as gym
 
 from algorithms.envs import atari, minatar, pomdp
+
+log = logging.getLogger(__name__)
 
 pomdp.register()
 
@@ -86,19 +91,25 @@ def _spec_with_robotics(env_id: str):
     """``gym.spec(env_id)``, registering Gymnasium-Robotics' envs (FetchReach-v4, ...) first
     when the id is not known yet and the package is installed (the ``[mujoco]`` extra).
 
-    Why lazily: importing it loads MuJoCo's Python bindings (and prints a note on stdout),
-    which no other env needs; it registers its ids only when imported
-    (``gym.register_envs``)."""
+    Why lazily, and only for its families' ids: importing it loads MuJoCo's Python bindings,
+    which no other env needs, and prints a notice on stderr (about its Adroit envs' rewards),
+    which would make a user's one-line error two lines; it registers its ids only when
+    imported (``gym.register_envs``)."""
     try:
         return gym.spec(env_id)
     except gym.error.Error:
-        if importlib.util.find_spec("gymnasium_robotics") is None:
-            if env_id.startswith(ROBOTICS_PREFIXES):
-                raise ValueError(f"{env_id} needs the [{ROBOTICS_EXTRA}] extra "
-                                 f"(gymnasium-robotics): pip install -e "
-                                 f"'.[{ROBOTICS_EXTRA}]'") from None
+        if not env_id.startswith(ROBOTICS_PREFIXES):
             raise
-    gym.register_envs(importlib.import_module("gymnasium_robotics"))
+        if importlib.util.find_spec("gymnasium_robotics") is None:
+            raise ValueError(f"{env_id} needs the [{ROBOTICS_EXTRA}] extra "
+                             f"(gymnasium-robotics): pip install -e "
+                             f"'.[{ROBOTICS_EXTRA}]'") from None
+    notice = io.StringIO()
+    with contextlib.redirect_stderr(notice):
+        robotics = importlib.import_module("gymnasium_robotics")
+    if notice.getvalue().strip():
+        log.debug("gymnasium_robotics: %s", notice.getvalue().strip())
+    gym.register_envs(robotics)
     return gym.spec(env_id)
 
 
