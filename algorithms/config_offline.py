@@ -70,6 +70,10 @@ class IqlConfig(AlgorithmConfig):
     target_update_tau: float = hp(0.005, "soft-update factor of the target critics",
                                   range=DISCOUNT)
     target_update_period: int = hp(1, "soft-update every this many gradient steps", minimum=1)
+    actor_lr_decay_updates: int | None = hp(
+        None, "cosine decay of the actor's learning rate to 0 over this many gradient updates "
+              "(the IQL paper's policy schedule: the policy extracted at the end is not one "
+              "step of a still-large learning rate; null: constant)", minimum=1)
     log_std_bounds: list[float] = hp([-5.0, 2.0], "[min, max] of the policy's "
                                                   "state-independent log std")
     rollout_noise: float = hp(1.0, "acting in an env: scale of the policy's std (0: its "

@@ -22,6 +22,7 @@ dataset's actions, some of them on the bounds, must have a finite log-probabilit
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 from torch import distributions as td
@@ -158,6 +159,21 @@ class IqlAlgorithm(RLAlgorithm):
                    "iql/advantage": losses["advantage"], "iql/weight": losses["weight"],
                    "q/mean": info["q"].detach(), "v/mean": info["value"].detach(),
                    "policy/log_std": self.actor_network.log_std.detach().clone()})
+
+    def actor_learning_rate(self) -> float:
+        """The actor's learning rate for the next update: ``actor_learning_rate``, or its cosine
+        decay over ``actor_lr_decay_updates`` (read from the update counter, so a restored
+        learner resumes the schedule)."""
+        c = self.config
+        if not c.actor_lr_decay_updates:
+            return c.actor_learning_rate
+        done = min(self.num_updates / c.actor_lr_decay_updates, 1.0)
+        return c.actor_learning_rate * 0.5 * (1.0 + math.cos(math.pi * done))
+
+    def _step_optimizers(self, gradients=None) -> None:
+        if self.config.actor_lr_decay_updates:
+            self.optimizers["actor"].param_groups[0]["lr"] = self.actor_learning_rate()
+        super()._step_optimizers(gradients)
 
     def after_update(self, info=None) -> None:
         if self.num_updates % self.config.target_update_period == 0:

@@ -98,6 +98,26 @@ def test_iql_update_moves_every_network_and_a_last_step_trains_nothing():
                                    "target_critic_networks"}
 
 
+def test_iql_actor_learning_rate_decays_on_a_cosine_and_stops_the_actor_at_its_end():
+    """The schedule is the one each update uses (read back from the optimizer), it follows
+    ``lr * (1 + cos(pi * k / K)) / 2``, and after ``K`` updates the actor no longer moves
+    while the critics and the value still train."""
+    config = IqlConfig(actor_fc_layer_params=[16], critic_fc_layer_params=[16],
+                       value_fc_layer_params=[16], actor_learning_rate=1e-3,
+                       actor_lr_decay_updates=4)
+    alg = algorithms.make(config, OBS, BOX)
+    used = []
+    for k in range(4):
+        alg.train_on(_windows(BOX, seed=k))
+        used.append(alg.optimizers["actor"].param_groups[0]["lr"])
+    assert used == pytest.approx([1e-3 * 0.5 * (1 + math.cos(math.pi * k / 4))
+                                  for k in range(4)])
+    before = {k: v.clone() for k, v in alg.state_dict().items()}
+    alg.train_on(_windows(BOX, seed=9))
+    assert alg.optimizers["actor"].param_groups[0]["lr"] == 0.0
+    assert _moved(alg, before) == {"critic_networks", "value_network", "target_critic_networks"}
+
+
 def test_iql_value_follows_the_expectile():
     """Only V trains (the critics' and actor's rates are 0): V(s) of one state with target
     values 0 and 1 goes to the expectile tau of {0, 1}: tau."""
