@@ -193,6 +193,10 @@ def _write(to: str, ckpt: str | None, replay_files: list[str], env_id: str, env_
     from storage.datasets import episodes_from_ring, ring_files, write_dataset
 
     obs_space, action_space = env_spaces(env_id, env_kwargs)
+    if isinstance(obs_space, gym.spaces.Dict):
+        raise UsageError(f"{env_id}: Dict observations ({', '.join(obs_space.spaces)}) cannot "
+                         f"be written as a dataset yet: a dataset holds one observation array "
+                         f"(docs/offline.md)")
     with contextlib.ExitStack() as stack:
         if storage_dirs is not None:  # memory-mapped files, each held against writers
             rings = [stack.enter_context(ring_files(d)) for d in storage_dirs]

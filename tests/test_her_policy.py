@@ -7,6 +7,8 @@ Run directories are made by hand with the nodes' own writers (tests/test_policy_
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -109,3 +111,25 @@ def test_play_env_gives_dict_observations(tmp_path):
         assert "is_success" in info
     finally:
         env.close()
+
+
+def test_a_dict_observation_run_is_refused_as_a_dataset_in_one_line(tmp_path):
+    """``run.py dataset`` of a goal-conditioned run: one line naming the keys, exit 2 (a
+    dataset holds one observation array), not a traceback from the replay's field names."""
+    import subprocess
+    import sys
+
+    from tests.pipeline_harness import ROOT
+
+    run_dir, _, _ = make_run(tmp_path / "run", AGENT)
+    ckpt_root = os.path.join(run_dir, "checkpoints")
+    (ckpt,) = os.listdir(ckpt_root)
+    open(os.path.join(ckpt_root, ckpt, "replay_store.pt"), "wb").close()
+    done = subprocess.run([sys.executable, "run.py", "dataset", run_dir, "--to",
+                           str(tmp_path / "fetch-v0"), "--checkpoint",
+                           os.path.join(ckpt_root, ckpt)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "FetchReach-v4: Dict observations (achieved_goal, desired_goal, observation)" in line
+    assert not (tmp_path / "fetch-v0").exists()

@@ -16,9 +16,7 @@ import pytest
 from tests.bench_scripts import load_bench
 from tests.pipeline_harness import ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.xfail(
-    reason="not met at 30k updates: IQL 43.7 vs BC 46.4 (medians of 3), docs/offline.md",
-    strict=False)]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
