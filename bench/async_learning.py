@@ -5,6 +5,7 @@ and the policy lag the learner measured, per seed, with the medians and ratios t
     python bench/async_learning.py                       # MinAtar Breakout, seeds 0,1,2, to 8
     python bench/async_learning.py --seeds 0 --graphs ppo_minatar appo_minatar
     python bench/async_learning.py --budget 300000       # stop every run there
+    python bench/async_learning.py --graphs ppo_minatar ppg_minatar --eval-interval 5000
 
 Runs alternate graph by graph within each seed (ppo, appo, ... for seed 0, then seed 1), so a
 machine whose load drifts treats them alike. On a machine with many cores, ``--parallel N
@@ -38,7 +39,8 @@ VARIANTS = {"appo_minatar_novtrace": ("appo_minatar", ["agent.algorithm.vtrace=f
 
 
 def run(graph: str, seed: int, threshold: float, budget: int | None,
-        cores: str | None = None, timeout_s: float | None = None) -> dict:
+        cores: str | None = None, timeout_s: float | None = None,
+        eval_interval: int | None = None) -> dict:
     base, extra = VARIANTS.get(graph, (graph, []))
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = str(Path(tmp) / "run")
@@ -48,6 +50,8 @@ def run(graph: str, seed: int, threshold: float, budget: int | None,
                "--set", f"nodes.evaluator.config.stop_at_return={threshold}"]
         if budget:
             cmd += ["--set", f"nodes.learner.config.num_env_steps={budget}"]
+        if eval_interval:
+            cmd += ["--set", f"nodes.evaluator.config.eval_interval={eval_interval}"]
         for s in extra:
             cmd += ["--set", s]
         if timeout_s:
@@ -90,6 +94,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threshold", type=float, default=8.0)
     ap.add_argument("--budget", type=int, default=None, help="env-step budget of every run")
     ap.add_argument("--timeout", type=float, default=None, help="seconds a run may last")
+    ap.add_argument("--eval-interval", type=int, default=None,
+                    help="env steps between evaluations (the graphs' 25k makes 'env steps to "
+                         "the threshold' a multiple of it)")
     ap.add_argument("--parallel", type=int, default=1, help="runs at a time, each pinned")
     ap.add_argument("--cores-per-run", type=int, default=2)
     args = ap.parse_args(argv)
@@ -98,7 +105,8 @@ def main(argv=None) -> int:
     results = []
     if args.parallel <= 1:
         for graph, seed in jobs:
-            results.append(run(graph, seed, args.threshold, args.budget, None, args.timeout))
+            results.append(run(graph, seed, args.threshold, args.budget, None, args.timeout,
+                               args.eval_interval))
             print(json.dumps(results[-1]), flush=True)
     else:
         from concurrent.futures import ThreadPoolExecutor
@@ -109,7 +117,8 @@ def main(argv=None) -> int:
         def pinned(job):
             cores = free.pop()
             try:
-                return run(*job, args.threshold, args.budget, cores, args.timeout)
+                return run(*job, args.threshold, args.budget, cores, args.timeout,
+                           args.eval_interval)
             finally:
                 free.append(cores)
 
