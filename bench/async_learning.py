@@ -35,7 +35,10 @@ VARIANTS = {"appo_minatar_novtrace": ("appo_minatar", ["agent.algorithm.vtrace=f
             "appo_minatar_learner": ("appo_minatar", ["agent.algorithm.proximal_policy=learner"]),
             # One unroll ahead: the unroller waits after two unrolls per version (lag 1).
             "appo_minatar_ahead": ("appo_minatar",
-                                   ["nodes.unroller.config.max_unrolls_per_version=2"])}
+                                   ["nodes.unroller.config.max_unrolls_per_version=2"]),
+            # PPG with an auxiliary phase more often (N_pi unrolls of 2,048 env steps).
+            "ppg_minatar_aux4": ("ppg_minatar", ["agent.algorithm.aux_interval=4"]),
+            "ppg_minatar_aux2": ("ppg_minatar", ["agent.algorithm.aux_interval=2"])}
 
 
 def run(graph: str, seed: int, threshold: float, budget: int | None,
