@@ -26,8 +26,8 @@ third to a half of the best, nearest the middle of that range, is the medium pol
 for ``--medium-steps`` (200,000) transitions and written from buffers with
 ``storage.datasets.write_dataset``; ``halfcheetah-medium-replay`` is ``run.py dataset`` of that
 checkpoint (the run's replay up to there). Each dataset directory gets a ``normalization.json``
-(0, 100, the medium policy, the dataset's own mean return and score), which the HalfCheetah
-figures read. The graphs read both where this writes them.
+(0, 100, the medium policy, the dataset's own mean return and score, and IQL's reward scale:
+1000 over the range of its episode returns), which the HalfCheetah figures read. The graphs read both where this writes them.
 
 ``offline`` and ``hybrid`` run the graphs for real, one run per seed (``--seed`` of run.py:
 every node's seed plus N), and print each run's result and the median: for Pendulum's offline
@@ -231,6 +231,17 @@ def normalized_score(episode_return: float, norm: dict) -> float:
         raise ValueError(f"normalization: expert_return {norm['expert_return']} is not above "
                          f"random_return {norm['random_return']}")
     return 100.0 * (episode_return - norm["random_return"]) / span
+
+
+def iql_reward_scale(episode_returns) -> float:
+    """IQL's reward scaling for locomotion (Kostrikov et al. 2021): 1000 over the range of the
+    dataset's episode returns, so its advantages, and the weights ``exp(beta * A)``, have the
+    scale the paper's ``beta`` was chosen for, whatever the env's reward units."""
+    returns = list(episode_returns)
+    span = max(returns) - min(returns) if returns else 0.0
+    if span <= 0:
+        raise ValueError("iql_reward_scale: the episodes' returns have no range")
+    return 1000.0 / span
 
 
 def read_normalization(dataset: str) -> dict:
@@ -452,12 +463,15 @@ def halfcheetah(args) -> dict:
         whole = [r for r, n in episodes if n == 1000] or [r for r, _ in episodes]
         record = {**norm, "dataset": name, "medium_policy": medium,
                   "dataset_return_mean": round(statistics.fmean(whole), 1),
-                  "dataset_score": round(normalized_score(statistics.fmean(whole), norm), 1)}
+                  "dataset_score": round(normalized_score(statistics.fmean(whole), norm), 1),
+                  "return_range": [round(min(whole), 1), round(max(whole), 1)],
+                  "iql_reward_scale": round(iql_reward_scale(whole), 4)}
         with open(os.path.join(path, NORMALIZATION), "w") as f:
             json.dump(record, f, indent=1)
         out[name] = {"path": path, "episodes": data.total_episodes,
                      "transitions": data.total_steps, "dataset_return_mean":
-                     record["dataset_return_mean"], "dataset_score": record["dataset_score"]}
+                     record["dataset_return_mean"], "dataset_score": record["dataset_score"],
+                     "iql_reward_scale": record["iql_reward_scale"]}
     out["wall_s"] = round(time.monotonic() - started, 1)
     return out
 

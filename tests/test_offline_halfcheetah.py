@@ -63,6 +63,13 @@ def test_normalized_score(bench):
         bench.normalized_score(1.0, {"random_return": 5.0, "expert_return": 5.0})
 
 
+def test_iql_reward_scale_is_1000_over_the_range_of_episode_returns(bench):
+    assert bench.iql_reward_scale([58.9, 2400.0, 3840.3]) == pytest.approx(1000 / 3781.4)
+    assert bench.iql_reward_scale([-500.0, 1500.0]) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="no range"):
+        bench.iql_reward_scale([7.0, 7.0])
+
+
 def test_normalization_is_read_beside_the_dataset(bench, tmp_path):
     with pytest.raises(SystemExit) as info:
         bench.read_normalization(str(tmp_path))
