@@ -27,7 +27,8 @@ for ``--medium-steps`` (200,000) transitions and written from buffers with
 ``storage.datasets.write_dataset``; ``halfcheetah-medium-replay`` is ``run.py dataset`` of that
 checkpoint (the run's replay up to there). Each dataset directory gets a ``normalization.json``
 (0, 100, the medium policy, the dataset's own mean return and score, and IQL's reward scale:
-1000 over the range of its episode returns), which the HalfCheetah figures read. The graphs read both where this writes them.
+1000 over the range of its episode returns), which the HalfCheetah figures read. The graphs
+read both where this writes them.
 
 ``offline`` and ``hybrid`` run the graphs for real, one run per seed (``--seed`` of run.py:
 every node's seed plus N), and print each run's result and the median: for Pendulum's offline
