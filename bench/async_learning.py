@@ -36,6 +36,8 @@ VARIANTS = {"appo_minatar_novtrace": ("appo_minatar", ["agent.algorithm.vtrace=f
             # One unroll ahead: the unroller waits after two unrolls per version (lag 1).
             "appo_minatar_ahead": ("appo_minatar",
                                    ["nodes.unroller.config.max_unrolls_per_version=2"]),
+            # Half-length unrolls: a version is half the updates, so two versions of lag are too.
+            "appo_minatar_unroll32": ("appo_minatar", ["nodes.unroller.config.unroll_length=32"]),
             # PPG with an auxiliary phase more often (N_pi unrolls of 2,048 env steps).
             "ppg_minatar_aux4": ("ppg_minatar", ["agent.algorithm.aux_interval=4"]),
             "ppg_minatar_aux2": ("ppg_minatar", ["agent.algorithm.aux_interval=2"])}
