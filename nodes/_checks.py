@@ -107,6 +107,21 @@ def replay_shards_are_partitioned(graph) -> None:
 
 
 @register_graph_check
+def queued_unrolls_are_counted_on_a_reliable_topic(graph) -> None:
+    """An unroller's ``max_queued_unrolls`` watches the queue of its trajectories topic, which
+    only a reliable topic has (a lossy one drops what waits instead)."""
+    for name in _nodes_of(graph, "unroller"):
+        if graph.configs[name].max_queued_unrolls is None:
+            continue
+        for topic in graph.nodes[name].publishes:
+            if graph.topics[topic].delivery != "reliable":
+                raise ConfigError(
+                    f"nodes.{name}.config.max_queued_unrolls", f"counts the unrolls queued on "
+                    f"{topic!r}, which needs delivery: reliable (it is "
+                    f"{graph.topics[topic].delivery})")
+
+
+@register_graph_check
 def checkpoints_hold_one_state_per_service(graph) -> None:
     """A checkpoint holds one state per component: a service served by several replicas would
     be saved from whichever answered and restored into all of them. Replay shards are the

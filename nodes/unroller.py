@@ -66,6 +66,12 @@ class Config:
         "doc": "on-policy lag bound: unrolls collected with one parameter version before "
                "waiting for a newer one (0 = never wait: asynchronous actor-learner, for "
                "IMPALA and APPO)", "minimum": 0})
+    max_queued_unrolls: int | None = field(default=None, metadata={
+        "doc": "asynchronous on-policy: start an unroll only when at most this many unrolls "
+               "wait on trajectories untaken by a learner (0 = once the learner took the "
+               "last one: it trains on unrolls about one version old, where a full queue "
+               "makes them two; null = collect regardless, bounded by the topic's hwm)",
+        "minimum": 0})
     max_batch_requests: int = field(default=64, metadata={"doc": "requests batched at most"})
     seed: int = field(default=0, metadata={"doc": "torch seed of the rollout policy"})
     params_timeout_s: float = field(default=300.0, metadata={"doc": "wait for parameters"})
@@ -159,8 +165,13 @@ class Unroller:
         bound = self.config.max_unrolls_per_version
         if self.on_policy and bound and self.unrolls_at_version >= bound:
             await self.wait_for_params()
-        self.refresh_params()
         steps = [r.message for r in requests]
+        if self.on_policy and self.config.max_queued_unrolls is not None and any(
+                len(self.rows.get((s.runner, s.env_offset), ())) <= 1 for s in steps):
+            # An unroll starts: collect it once the learner can take it soon, with the
+            # parameters it published meanwhile (refreshed below), not ahead of a full queue.
+            await self.output.wait_for_backlog(self.config.max_queued_unrolls)
+        self.refresh_params()
         sizes = [len(s.time_step["step_type"]) for s in steps]
         ts = _batched_time_step(steps)
         keys, state = self.gather_state(steps, sizes)

@@ -293,6 +293,18 @@ class ReliablePublisher:
             await self._space.wait()
         self.stats.wait_s += time.perf_counter() - started
 
+    async def wait_for_backlog(self, most: int = 0) -> None:
+        """Wait until no group has more than ``most`` messages queued that no member has
+        taken yet. Why: a producer whose messages age while they wait (an unroll collected by
+        parameters the consumer has since replaced) starts the next one only when the last
+        was taken, so it is made as late, and as fresh, as the consumer can use it."""
+        self.release_held()
+        started = time.perf_counter()
+        while self.stats.depth > most:
+            self._progress.clear()
+            await self._progress.wait()
+        self.stats.wait_s += time.perf_counter() - started
+
     def _full(self) -> bool:
         """A group's queue is at ``hwm`` messages, or the messages not yet acknowledged by
         every group reach ``hwm_bytes`` (one message may go past it, so any size can go)."""
@@ -450,6 +462,7 @@ class ReliablePublisher:
                 self._send_ctrl(routing_id, _WELCOME)
             self._start_reaper()
             self._pump(group)
+            self._notify_progress()  # the backlog it took may wake a waiting sender
         elif member is None:
             # An evicted member that was not gone (stopped, or cut off, past the timeout): what
             # it acknowledges since counts, and it is asked to join again with what it holds.

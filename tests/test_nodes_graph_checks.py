@@ -67,6 +67,15 @@ def test_on_policy_learner_needs_trajectories(tmp_path):
         "must subscribe to 'trajectories'" in error(path)
 
 
+def test_queued_unrolls_are_counted_only_on_a_reliable_topic(tmp_path):
+    path = edited(tmp_path, PPO, "trajectories: {delivery: reliable",
+                  "trajectories: {delivery: latest")
+    message = error(path, "nodes.unroller.config.max_queued_unrolls=0")
+    assert "nodes.unroller.config.max_queued_unrolls: counts the unrolls queued on " \
+           "'trajectories', which needs delivery: reliable (it is latest)" in message
+    graphlib.load(PPO, ["nodes.unroller.config.max_queued_unrolls=0"])  # reliable: fine
+
+
 def test_prioritized_learner_needs_prioritized_replay(tmp_path):
     # The learner publishes priorities and the replay store takes them by default (their
     # kinds declare both ports); only the flags disagree.

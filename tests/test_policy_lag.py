@@ -81,3 +81,20 @@ def test_lock_step_has_no_lag_and_async_has_some_and_the_bound_drops(tmp_path):
                 "nodes.learner.config.max_policy_lag=1")
     assert max(_figures(free, "lag/dropped_batches")) > 0
     assert max(_figures(free, "lag/versions_max")) == 1  # what was trained on obeyed the bound
+
+
+def test_an_unroll_started_only_once_the_last_was_taken_halves_the_lag(tmp_path):
+    """Asynchronous, one unroll queued at most (hwm 1): the runner collects an unroll ahead of
+    the full queue, so the learner trains on unrolls two versions old. ``max_queued_unrolls:
+    0`` starts each unroll only once the learner took the last one, with the parameters it
+    published then: one version old (the bootstrap row, acted at the previous unroll's end, is
+    the one row two behind)."""
+    sets = ("nodes.unroller.config.max_unrolls_per_version=0", "topics.trajectories.hwm=1")
+    queued = _run(tmp_path, "queued", *sets)
+    fresh = _run(tmp_path, "fresh", *sets, "nodes.unroller.config.max_queued_unrolls=0")
+    queued_means = _figures(queued, "lag/versions_mean")
+    fresh_means = _figures(fresh, "lag/versions_mean")
+    assert queued_means and fresh_means, "no lag figures in the learner's metrics"
+    assert np.median(queued_means) >= 1.5  # the queue's extra unroll: the lag to remove
+    assert np.median(fresh_means) <= 1.25
+    assert max(_figures(fresh, "lag/versions_max")) <= 2
