@@ -40,6 +40,10 @@ VARIANTS = {"appo_minatar_novtrace": ("appo_minatar", ["agent.algorithm.vtrace=f
             "appo_minatar_unroll32": ("appo_minatar", ["nodes.unroller.config.unroll_length=32"]),
             # An unroll starts only once the learner took the last one (lag ~1, not ~2).
             "appo_minatar_fresh": ("appo_minatar", ["nodes.unroller.config.max_queued_unrolls=0"]),
+            "appo_minatar_fresh_novtrace": ("appo_minatar", [
+                "nodes.unroller.config.max_queued_unrolls=0", "agent.algorithm.vtrace=false"]),
+            "impala_minatar_fresh": ("impala_minatar",
+                                     ["nodes.unroller.config.max_queued_unrolls=0"]),
             # PPG with an auxiliary phase more often (N_pi unrolls of 2,048 env steps).
             "ppg_minatar_aux4": ("ppg_minatar", ["agent.algorithm.aux_interval=4"]),
             "ppg_minatar_aux2": ("ppg_minatar", ["agent.algorithm.aux_interval=2"])}
