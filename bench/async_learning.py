@@ -33,17 +33,15 @@ ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {"appo_minatar_novtrace": ("appo_minatar", ["agent.algorithm.vtrace=false"]),
             # Decoupled PPO: the clip against the learner's network, not the behaviour's.
             "appo_minatar_learner": ("appo_minatar", ["agent.algorithm.proximal_policy=learner"]),
-            # One unroll ahead: the unroller waits after two unrolls per version (lag 1).
+            # One unroll ahead: the unroller waits after two unrolls per version.
             "appo_minatar_ahead": ("appo_minatar",
                                    ["nodes.unroller.config.max_unrolls_per_version=2"]),
-            # Half-length unrolls: a version is half the updates, so two versions of lag are too.
-            "appo_minatar_unroll32": ("appo_minatar", ["nodes.unroller.config.unroll_length=32"]),
-            # An unroll starts only once the learner took the last one (lag ~1, not ~2).
-            "appo_minatar_fresh": ("appo_minatar", ["nodes.unroller.config.max_queued_unrolls=0"]),
-            "appo_minatar_fresh_novtrace": ("appo_minatar", [
-                "nodes.unroller.config.max_queued_unrolls=0", "agent.algorithm.vtrace=false"]),
-            "impala_minatar_fresh": ("impala_minatar",
-                                     ["nodes.unroller.config.max_queued_unrolls=0"]),
+            # Collecting regardless of the queue (the graphs before max_queued_unrolls: 0): the
+            # runner fills the queue ahead of the learner, lag ~2 versions instead of ~1.
+            "appo_minatar_queued": ("appo_minatar",
+                                    ["nodes.unroller.config.max_queued_unrolls=null"]),
+            "impala_minatar_queued": ("impala_minatar",
+                                      ["nodes.unroller.config.max_queued_unrolls=null"]),
             # PPG with an auxiliary phase more often (N_pi unrolls of 2,048 env steps).
             "ppg_minatar_aux4": ("ppg_minatar", ["agent.algorithm.aux_interval=4"]),
             "ppg_minatar_aux2": ("ppg_minatar", ["agent.algorithm.aux_interval=2"])}
