@@ -42,6 +42,11 @@ VARIANTS = {"appo_minatar_novtrace": ("appo_minatar", ["agent.algorithm.vtrace=f
                                     ["nodes.unroller.config.max_queued_unrolls=null"]),
             "impala_minatar_queued": ("impala_minatar",
                                       ["nodes.unroller.config.max_queued_unrolls=null"]),
+            # More room in PPO's clip for the drift a version of lag already used up.
+            "appo_minatar_clip03": ("appo_minatar",
+                                    ["agent.algorithm.importance_ratio_clipping=0.3"]),
+            # Fewer epochs per unroll: a version moves the policy less from the one that acted.
+            "appo_minatar_epochs6": ("appo_minatar", ["agent.algorithm.num_epochs=6"]),
             # PPG with an auxiliary phase more often (N_pi unrolls of 2,048 env steps).
             "ppg_minatar_aux4": ("ppg_minatar", ["agent.algorithm.aux_interval=4"]),
             "ppg_minatar_aux2": ("ppg_minatar", ["agent.algorithm.aux_interval=2"])}

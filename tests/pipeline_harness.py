@@ -121,7 +121,9 @@ class LiveRun:
 
     def interrupt_after_learning(self, env_steps: int) -> dict:
         """Stop the run as a user would with ctrl-c once the learner reported ``env_steps``;
-        asserts it ended cleanly and returns its nodes' summary."""
+        asserts it ended cleanly and returns its nodes' summary. The learner reports every
+        ``metrics_interval_s``: a graph whose runners can finish the budget within one period
+        must shorten it, or the stop comes after the end on a fast machine."""
         self.wait_ready()
         self.wait_for_message("metrics", lambda m: m.env_steps >= env_steps and
                               m.source.startswith("learner"))

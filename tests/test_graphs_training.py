@@ -99,11 +99,13 @@ def assert_tensorboard_has(run: LiveRun, tag: str, value: float) -> None:
 
 @pytest.mark.timeout(600)
 def test_sigint_then_resume_continues_where_it_stopped(live, tmp_path):
-    # The runners step CartPole far ahead of the learner's 5 s metrics, so the budget leaves
-    # room for the steps collected between the first learner report and the stop.
+    # The runners step CartPole fast: with the learner's default 5 s metrics a quick machine
+    # reached the whole budget before the first report the stop waits for. Reports every
+    # 0.2 s make the stop come at ~2,000 env steps on any machine, well inside the budget.
     budget = 12_000
     short = ("nodes.evaluator.config.stop_at_return=null",
-             f"nodes.learner.config.num_env_steps={budget}", "nodes.checkpointer.config.interval_s=5")
+             f"nodes.learner.config.num_env_steps={budget}", "nodes.checkpointer.config.interval_s=5",
+             "nodes.learner.config.metrics_interval_s=0.2")
     first = live("dqn_cartpole", *short)
     stopped = first.interrupt_after_learning(2000)
     stop_steps = stopped["learner.0"]["status"]["env_steps"]
