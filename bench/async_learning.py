@@ -47,6 +47,8 @@ VARIANTS = {"appo_minatar_novtrace": ("appo_minatar", ["agent.algorithm.vtrace=f
                                     ["agent.algorithm.importance_ratio_clipping=0.3"]),
             # Fewer epochs per unroll: a version moves the policy less from the one that acted.
             "appo_minatar_epochs6": ("appo_minatar", ["agent.algorithm.num_epochs=6"]),
+            "appo_minatar_clip03_epochs6": ("appo_minatar", [
+                "agent.algorithm.importance_ratio_clipping=0.3", "agent.algorithm.num_epochs=6"]),
             # PPG with an auxiliary phase more often (N_pi unrolls of 2,048 env steps).
             "ppg_minatar_aux4": ("ppg_minatar", ["agent.algorithm.aux_interval=4"]),
             "ppg_minatar_aux2": ("ppg_minatar", ["agent.algorithm.aux_interval=2"])}
