@@ -42,11 +42,14 @@ VARIANTS = {"appo_minatar_novtrace": ("appo_minatar", ["agent.algorithm.vtrace=f
                                     ["nodes.unroller.config.max_queued_unrolls=null"]),
             "impala_minatar_queued": ("impala_minatar",
                                       ["nodes.unroller.config.max_queued_unrolls=null"]),
-            # More room in PPO's clip for the drift a version of lag already used up.
+            # The clip: PPO's 0.2 (the graph before 2026-11-29) against the graph's 0.3, and 6
+            # epochs at 0.2, each named for what it sets whatever the graph's own value.
+            "appo_minatar_clip02": ("appo_minatar",
+                                    ["agent.algorithm.importance_ratio_clipping=0.2"]),
             "appo_minatar_clip03": ("appo_minatar",
                                     ["agent.algorithm.importance_ratio_clipping=0.3"]),
-            # Fewer epochs per unroll: a version moves the policy less from the one that acted.
-            "appo_minatar_epochs6": ("appo_minatar", ["agent.algorithm.num_epochs=6"]),
+            "appo_minatar_epochs6": ("appo_minatar", [
+                "agent.algorithm.importance_ratio_clipping=0.2", "agent.algorithm.num_epochs=6"]),
             "appo_minatar_clip03_epochs6": ("appo_minatar", [
                 "agent.algorithm.importance_ratio_clipping=0.3", "agent.algorithm.num_epochs=6"]),
             # PPG with an auxiliary phase more often (N_pi unrolls of 2,048 env steps).
