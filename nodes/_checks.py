@@ -8,6 +8,7 @@ file:line, before any process starts.
 from __future__ import annotations
 
 from pipeline.kinds import register_graph_check, register_progress
+from pipeline.topics import RELIABLE
 from typedconfig import ConfigError
 
 # Kinds that step environments and number them from ``replica * num_envs``.
@@ -114,7 +115,7 @@ def queued_unrolls_are_counted_on_a_reliable_topic(graph) -> None:
         if graph.configs[name].max_queued_unrolls is None:
             continue
         for topic in graph.nodes[name].publishes:
-            if graph.topics[topic].delivery != "reliable":
+            if graph.topics[topic].delivery != RELIABLE:
                 raise ConfigError(
                     f"nodes.{name}.config.max_queued_unrolls", f"counts the unrolls queued on "
                     f"{topic!r}, which needs delivery: reliable (it is "

@@ -31,14 +31,17 @@ async def _backlog(tmp_path) -> None:
         await pub.send(Record(2, None))  # no credit left: it waits in the backlog
         assert pub.stats.depth == 1
         await asyncio.wait_for(pub.wait_for_backlog(1), 5)  # at most one: already true
-        waiter = asyncio.ensure_future(pub.wait_for_backlog(0))
-        for _ in range(20):  # turns of the loop, in which nothing can take message 2
-            await asyncio.sleep(0)
-        assert not waiter.done()
+
+        async def depth_when_released() -> int:
+            await pub.wait_for_backlog(0)
+            return pub.stats.depth  # read the moment the wait ends
+
+        # Message 2 can leave the backlog only after the subscriber acknowledges message 1,
+        # which its next recv does: a wait that ended before would read a depth of 1.
+        waiter = asyncio.ensure_future(depth_when_released())
         second = await asyncio.wait_for(sub.recv(), 5)  # acknowledges 1: 2 is delivered
         assert second.message.origin == 2
-        await asyncio.wait_for(waiter, 5)
-        assert pub.stats.depth == 0
+        assert await asyncio.wait_for(waiter, 5) == 0
     finally:
         pub_bus.close()
         sub_bus.close()
