@@ -5,6 +5,7 @@ training episode return at equal env steps.
     bash bench/peers/setup_sample_factory.sh      # once: bench/.venv-sf (Sample Factory 2.1.1)
     python bench/async_peer.py                    # 240 s each, Conduit then Sample Factory
     python bench/async_peer.py --window 600 --rounds 2
+    python bench/async_peer.py --curve 1000000 --window 9000   # both at once: return curves
 
 Both sides: 16 Breakout environments (Conduit: 2 runners x 8 ale-py envs; Sample Factory:
 ``--num_workers 2 --env_agents 8`` EnvPool envs), 4 stacked 84x84 frames, the Nature CNN,
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
@@ -57,13 +59,16 @@ def slope(points: list[tuple[float, float]], start: float) -> float | None:
     return sum((t - mt) * (s - ms) for t, s in pts) / den if den else None
 
 
-def run_conduit(window: float, warmup: float) -> dict:
+def run_conduit(window: float, warmup: float, env_steps: int = 100_000_000,
+                keep: Path | None = None) -> dict:
+    """``graphs/appo_atari.yaml`` for ``window`` seconds or ``env_steps``, whichever comes
+    first; its run directory is kept at ``keep`` (a temporary one otherwise)."""
     with tempfile.TemporaryDirectory() as tmp:
-        run_dir = str(Path(tmp) / "run")
+        run_dir = str(keep or Path(tmp) / "run")
         cmd = [sys.executable, str(ROOT / "run.py"), "run", str(ROOT / "graphs/appo_atari.yaml"),
                "--run-dir", run_dir, "--quiet", "--set", f"run.duration_s={window}",
                "--set", "run.on_duration=stop",
-               "--set", "nodes.learner.config.num_env_steps=100000000",
+               "--set", f"nodes.learner.config.num_env_steps={env_steps}",
                "--set", "nodes.learner.config.metrics_interval_s=2",
                "--set", "nodes.evaluator.config.eval_interval=100000000"]
         t0 = time.time()
@@ -73,16 +78,23 @@ def run_conduit(window: float, warmup: float) -> dict:
     learner = [m for m in records if m["source"].startswith("learner")]
     points = [(m["time"] - t0, m["env_steps"]) for m in learner]
     lags = [m for m in learner if "lag/versions_mean" in m and m["time"] - t0 >= warmup]
-    returns = [(m["env_steps"], m["train/episode_return"]) for m in records
-               if "train/episode_return" in m]
+    # Sample Factory's "episode reward" is the learner's episode (a life, clipped rewards, its
+    # EnvPool settings): the runners report the same as train/learner_episode_return.
+    returns = [(m["env_steps"], m["train/learner_episode_return"]) for m in records
+               if "train/learner_episode_return" in m]
+    games = [(m["env_steps"], m["train/episode_return"]) for m in records
+             if "train/episode_return" in m]
     return {"exit_code": code, "env_steps_per_s": slope(points, warmup),
             "trained_env_steps": max((s for _, s in points), default=0),
             "lag_mean": lags and round(statistics.fmean(m["lag/versions_mean"] for m in lags), 2),
             "lag_max": lags and max(m["lag/versions_max"] for m in lags),
-            "returns": returns}
+            "returns": returns, "game_returns": games}
 
 
-def run_sample_factory(window: float, warmup: float, vtrace: bool) -> dict:
+def run_sample_factory(window: float, warmup: float, vtrace: bool,
+                       env_steps: int = 100_000_000, log: Path | None = None) -> dict:
+    """Sample Factory's Atari APPO for ``window`` seconds or ``env_steps`` (agent steps: its
+    frame budget is 4x that), whichever comes first; its log is copied to ``log``."""
     if not SF_PYTHON.exists():
         raise SystemExit(f"{SF_PYTHON} is missing: bash bench/peers/setup_sample_factory.sh")
     with tempfile.TemporaryDirectory() as tmp:
@@ -90,6 +102,7 @@ def run_sample_factory(window: float, warmup: float, vtrace: bool) -> dict:
                "--env=atari_breakout", "--experiment=bench", f"--train_dir={tmp}",
                "--device=cpu", "--num_workers=2", "--env_agents=8", "--seed=0",
                f"--with_vtrace={vtrace}", "--save_every_sec=100000",
+               f"--train_for_env_steps={env_steps * FRAMESKIP}",
                "--keep_checkpoints=1", "--experiment_summaries_interval=2"]
         # Its own process group: Sample Factory's spawned workers go with it at the end.
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -108,6 +121,8 @@ def run_sample_factory(window: float, warmup: float, vtrace: bool) -> dict:
                 proc.wait(30)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+    if log is not None:
+        log.write_text("".join(lines))
     points, lags, returns, frames = [], [], [], 0
     for line in (_ANSI.sub("", raw) for raw in lines):
         stamp = _SF_TIME.match(line)
@@ -126,13 +141,61 @@ def run_sample_factory(window: float, warmup: float, vtrace: bool) -> dict:
             "returns": returns, "log_tail": "".join(lines[-5:]) if not points else ""}
 
 
+def binned(returns: list[tuple[float, float]], width: int) -> dict[int, float]:
+    """Mean training episode return per ``width`` env steps, keyed by the bin's end."""
+    bins: dict[int, list[float]] = {}
+    for steps, ret in returns:
+        bins.setdefault((int(steps) // width + 1) * width, []).append(ret)
+    return {end: round(statistics.fmean(v), 2) for end, v in sorted(bins.items())}
+
+
+def curves(args) -> int:
+    """Both sides at once (each gets about one of the two cores), to the same env-step budget:
+    the comparison is return at equal env steps, not speed (the rates above measure speed,
+    one side at a time). Training returns are whole games in raw score on both sides."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(2) as pool:
+        ours = pool.submit(run_conduit, args.window, args.warmup, args.curve,
+                           args.out / "conduit")
+        peer = pool.submit(run_sample_factory, args.window, args.warmup, args.peer_vtrace,
+                           args.curve, args.out / "sample_factory.log")
+        ours, peer = ours.result(), peer.result()
+    a, b = binned(ours["returns"], args.bin), binned(peer["returns"], args.bin)
+    games = binned(ours["game_returns"], args.bin)
+    print("training return per life (clipped rewards), mean over each bin of env steps; "
+          "Conduit's whole games in raw score beside it")
+    print(f"{'env steps':>10} {'conduit APPO':>13} {'Sample Factory':>15} {'ratio':>6} "
+          f"{'conduit games':>14}")
+    for end in sorted(set(a) | set(b)):
+        x, y = a.get(end), b.get(end)
+        ratio = f"{x / y:.2f}" if x is not None and y else "-"
+        print(f"{end:>10} {x if x is not None else '-':>13} {y if y is not None else '-':>15} "
+              f"{ratio:>6} {games.get(end, '-'):>14}")
+    print(json.dumps({"bin": args.bin, "conduit": a, "sample_factory": b, "conduit_games": games,
+                      "trained_env_steps": [ours["trained_env_steps"],
+                                            peer["trained_env_steps"]],
+                      "lag": [[ours["lag_mean"], ours["lag_max"]],
+                              [peer["lag_mean"], peer["lag_max"]]],
+                      "load": os.getloadavg()[0]}))
+    (args.out / "curves.json").write_text(json.dumps({"conduit": ours, "sample_factory": peer}))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--window", type=float, default=240.0, help="seconds each side runs")
     ap.add_argument("--warmup", type=float, default=30.0, help="seconds left out of the rate")
     ap.add_argument("--rounds", type=int, default=1, help="Conduit, peer, Conduit, peer...")
     ap.add_argument("--peer-vtrace", action="store_true", help="Sample Factory with V-trace")
+    ap.add_argument("--curve", type=int, metavar="ENV_STEPS",
+                    help="learning curves instead: both sides at once, each to ENV_STEPS "
+                         "or --window seconds, training return per --bin env steps")
+    ap.add_argument("--bin", type=int, default=100_000, help="env steps per curve point")
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "async_peer_curve",
+                    help="--curve keeps Conduit's run and Sample Factory's log here")
     args = ap.parse_args(argv)
+    if args.curve:
+        return curves(args)
     ours, peers = [], []
     for _ in range(args.rounds):
         ours.append(run_conduit(args.window, args.warmup))

@@ -63,20 +63,35 @@ def make_env(config: Config, seed: int, num_envs: int) -> gym.vector.VectorEnv:
 
 
 class EpisodeStats:
-    """Returns and lengths of finished episodes, reported as means per period."""
+    """Returns and lengths of finished episodes, reported as means per period.
 
-    def __init__(self, num_envs: int):
+    Where the game's episodes and the learner's differ (Atari training: lost lives end the
+    learner's episodes, its rewards are clipped), the learner's are reported too, as
+    ``train/learner_episode_*``: that is what peers such as Sample Factory print as their
+    episode reward, so curves can be set side by side."""
+
+    def __init__(self, num_envs: int, key: str = "train/episode"):
+        self.key = key
         self.ret = np.zeros(num_envs)
         self.length = np.zeros(num_envs, dtype=np.int64)
         self.done_returns: list[float] = []
         self.done_lengths: list[int] = []
         self.episodes = 0
+        self._learners: EpisodeStats | None = None  # the learner's episodes, where they differ
+        self._marks_differ = False
 
     def update(self, ts: TimeStep, offset: int = 0, score=None, start=None, end=None) -> None:
         """Fold in one step of the envs ``offset .. offset + len(ts) - 1``.
 
         ``score``/``start``/``end`` are the stepper's episode marks (raw reward, a game starts,
         a game ends); by default the time step's reward, FIRST and LAST."""
+        if score is not None and self._learners is None:
+            self._learners = EpisodeStats(len(self.ret), "train/learner_episode")
+        if self._learners is not None:
+            self._learners.update(ts, offset)
+        if score is not None and not self._marks_differ:
+            self._marks_differ = bool(np.any(score != ts.reward)
+                                      or np.any(end != (ts.step_type == StepType.LAST)))
         view = slice(offset, offset + len(ts.step_type))
         ret, length = self.ret[view], self.length[view]
         if score is None:
@@ -91,12 +106,16 @@ class EpisodeStats:
             self.episodes += 1
 
     def flush(self) -> dict:
-        if not self.done_returns:
-            return {}
-        out = {"train/episode_return": float(np.mean(self.done_returns)),
-               "train/episode_length": float(np.mean(self.done_lengths)),
-               "train/episodes": self.episodes}
-        self.done_returns, self.done_lengths = [], []
+        out = {}
+        if self._learners is not None:
+            learners = self._learners.flush()
+            if self._marks_differ:
+                out.update(learners)
+        if self.done_returns:
+            out.update({f"{self.key}_return": float(np.mean(self.done_returns)),
+                        f"{self.key}_length": float(np.mean(self.done_lengths)),
+                        f"{self.key}s": self.episodes})
+            self.done_returns, self.done_lengths = [], []
         return out
 
 

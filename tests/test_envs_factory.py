@@ -143,7 +143,10 @@ def test_training_atari_ends_episodes_at_lost_lives_but_metrics_count_whole_game
     # it is a FIRST although the game went on (the frame is the game's next one).
     assert steps == [(M, 1, 1), (L, 0, 0), (F, 0, 1), (M, 1, 1), (M, 0, 1), (L, 0, 0), (F, 0, 1)]
     assert metrics == {"train/episode_return": 11.0, "train/episode_length": 6.0,
-                       "train/episodes": 1}
+                       "train/episodes": 1,
+                       # The learner's episodes, lives of clipped rewards: 1 in 2 steps, 1 in 3.
+                       "train/learner_episode_return": 1.0,
+                       "train/learner_episode_length": 2.5, "train/learner_episodes": 2}
 
 
 def test_evaluation_atari_plays_whole_games_with_raw_rewards():
@@ -151,6 +154,7 @@ def test_evaluation_atari_plays_whole_games_with_raw_rewards():
     steps, metrics = _play(atari.AtariEnv(_ScriptedAtari(SCRIPT), False, False))
     assert steps == [(M, 4, 1), (M, 0, 1), (M, 0, 1), (M, 7, 1), (M, 0, 1), (L, 0, 0), (F, 0, 1)]
     assert metrics["train/episode_return"] == 11.0
+    assert not any(k.startswith("train/learner_episode") for k in metrics)  # the same episodes
 
 
 @needs_ale
