@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -76,7 +77,7 @@ def run(graph: str, seed: int, threshold: float, budget: int | None,
         if timeout_s:
             cmd += ["--set", f"run.duration_s={timeout_s}", "--set", "run.on_duration=stop"]
         t0 = time.time()
-        code = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL).returncode
+        code, cpu = _run_counting_cpu(cmd)
         wall = time.time() - t0
         with open(Path(run_dir) / "metrics.jsonl") as f:
             records = [json.loads(line) for line in f]
@@ -93,11 +94,24 @@ def run(graph: str, seed: int, threshold: float, budget: int | None,
         "seconds": hit and round(hit["time"] - hit.get("eval/seconds", 0.0) - t0, 1),
         "best_return": max((m["eval/return"] for m in evals), default=None),
         "total_seconds": round(wall, 1),
+        # CPU seconds of all the run's processes per wall-clock second: on a 2-core machine,
+        # near 2 means no core idles, so overlapping acting and learning has nothing to gain.
+        "cores_busy": round(cpu / wall, 2),
         "total_env_steps": max((m["env_steps"] for m in records), default=0),
         "lag_mean": lags and round(statistics.fmean(m["lag/versions_mean"] for m in lags), 2),
         "lag_max": lags and max(m["lag/versions_max"] for m in lags),
         "dropped_batches": max((m.get("lag/dropped_batches", 0) for m in records), default=0),
     }
+
+
+def _run_counting_cpu(cmd: list[str]) -> tuple[int, float]:
+    """Run ``cmd``; its exit code and the CPU seconds (user + system) it and every process it
+    waited for used (``wait4``'s resource usage: the graph's nodes are the supervisor's
+    children, reaped by it)."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_utime + usage.ru_stime
 
 
 def _median(values: list) -> float | None:
@@ -151,7 +165,8 @@ def main(argv=None) -> int:
         summary[graph] = {"reached": sum(r["reached"] for r in mine), "runs": len(mine),
                           "median_env_steps": _median([r["env_steps"] for r in mine]),
                           "median_seconds": _median([r["seconds"] for r in mine]),
-                          "median_lag_mean": _median([r["lag_mean"] or None for r in mine])}
+                          "median_lag_mean": _median([r["lag_mean"] or None for r in mine]),
+                          "median_cores_busy": _median([r["cores_busy"] for r in mine])}
     base = summary.get(args.graphs[0], {})
     for graph, s in summary.items():
         for key in ("env_steps", "seconds"):
@@ -161,7 +176,8 @@ def main(argv=None) -> int:
         print(f"{graph:24s} reached {s['reached']}/{s['runs']}  median env steps "
               f"{s['median_env_steps']}  median seconds {s['median_seconds']}  "
               f"env-step ratio {s[f'env_steps_ratio_to_{args.graphs[0]}']}  wall-clock ratio "
-              f"{s[f'seconds_ratio_to_{args.graphs[0]}']}  lag {s['median_lag_mean']}")
+              f"{s[f'seconds_ratio_to_{args.graphs[0]}']}  lag {s['median_lag_mean']}  "
+              f"cores busy {s['median_cores_busy']}")
     print(json.dumps({"threshold": args.threshold, "summary": summary}))
     return 0
 
