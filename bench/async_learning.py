@@ -55,7 +55,13 @@ VARIANTS = {"appo_minatar_novtrace": ("appo_minatar", ["agent.algorithm.vtrace=f
                 "agent.algorithm.importance_ratio_clipping=0.3", "agent.algorithm.num_epochs=6"]),
             # PPG with an auxiliary phase more often (N_pi unrolls of 2,048 env steps).
             "ppg_minatar_aux4": ("ppg_minatar", ["agent.algorithm.aux_interval=4"]),
-            "ppg_minatar_aux2": ("ppg_minatar", ["agent.algorithm.aux_interval=2"])}
+            "ppg_minatar_aux2": ("ppg_minatar", ["agent.algorithm.aux_interval=2"]),
+            # ... with fewer auxiliary epochs (E_aux), and with fewer policy-phase epochs
+            # (the paper's E_pi is 1: the auxiliary phase does the rest of the value's work).
+            "ppg_minatar_aux2_auxepochs2": ("ppg_minatar", ["agent.algorithm.aux_interval=2",
+                                                            "agent.algorithm.aux_epochs=2"]),
+            "ppg_minatar_aux4_epochs4": ("ppg_minatar", ["agent.algorithm.aux_interval=4",
+                                                         "agent.algorithm.num_epochs=4"])}
 
 
 def run(graph: str, seed: int, threshold: float, budget: int | None,

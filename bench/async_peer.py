@@ -59,6 +59,11 @@ def slope(points: list[tuple[float, float]], start: float) -> float | None:
     return sum((t - mt) * (s - ms) for t, s in pts) / den if den else None
 
 
+# EnvPool's Breakout (the peer's) has no sticky actions; ALE/Breakout-v5 has them at 0.25 unless
+# told otherwise: Conduit's side is set to the peer's task.
+PEER_TASK = ["agent.env_kwargs.repeat_action_probability=0"]
+
+
 def run_conduit(window: float, warmup: float, env_steps: int = 100_000_000,
                 keep: Path | None = None) -> dict:
     """``graphs/appo_atari.yaml`` for ``window`` seconds or ``env_steps``, whichever comes
@@ -71,11 +76,21 @@ def run_conduit(window: float, warmup: float, env_steps: int = 100_000_000,
                "--set", f"nodes.learner.config.num_env_steps={env_steps}",
                "--set", "nodes.learner.config.metrics_interval_s=2",
                "--set", "nodes.evaluator.config.eval_interval=100000000"]
+        for setting in PEER_TASK:
+            cmd += ["--set", setting]
         t0 = time.time()
         code = subprocess.run(cmd, cwd=ROOT).returncode
-        with open(Path(run_dir) / "metrics.jsonl") as f:
-            records = [json.loads(line) for line in f]
+        figures = conduit_figures(Path(run_dir), warmup, t0)
+    return {"exit_code": code, **figures}
+
+
+def conduit_figures(run_dir: Path, warmup: float, t0: float | None = None) -> dict:
+    """Rate, lag and training returns of a finished Conduit run (``t0``: its launch, by default
+    its first learner report)."""
+    with open(run_dir / "metrics.jsonl") as f:
+        records = [json.loads(line) for line in f]
     learner = [m for m in records if m["source"].startswith("learner")]
+    t0 = learner[0]["time"] if t0 is None and learner else t0 or 0.0
     points = [(m["time"] - t0, m["env_steps"]) for m in learner]
     lags = [m for m in learner if "lag/versions_mean" in m and m["time"] - t0 >= warmup]
     # Sample Factory's "episode reward" is the learner's episode (a life, clipped rewards, its
@@ -84,7 +99,7 @@ def run_conduit(window: float, warmup: float, env_steps: int = 100_000_000,
                if "train/learner_episode_return" in m]
     games = [(m["env_steps"], m["train/episode_return"]) for m in records
              if "train/episode_return" in m]
-    return {"exit_code": code, "env_steps_per_s": slope(points, warmup),
+    return {"env_steps_per_s": slope(points, warmup),
             "trained_env_steps": max((s for _, s in points), default=0),
             "lag_mean": lags and round(statistics.fmean(m["lag/versions_mean"] for m in lags), 2),
             "lag_max": lags and max(m["lag/versions_max"] for m in lags),
@@ -123,11 +138,18 @@ def run_sample_factory(window: float, warmup: float, vtrace: bool,
                 os.killpg(proc.pid, signal.SIGKILL)
     if log is not None:
         log.write_text("".join(lines))
+    return sample_factory_figures(lines, warmup, t0)
+
+
+def sample_factory_figures(lines: list[str], warmup: float, t0: float | None = None) -> dict:
+    """Rate, lag and training returns from Sample Factory's log lines (``t0``: its launch, by
+    default its first report)."""
     points, lags, returns, frames = [], [], [], 0
     for line in (_ANSI.sub("", raw) for raw in lines):
         stamp = _SF_TIME.match(line)
         if (m := _SF_FRAMES.search(line)) and stamp:
             at = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            t0 = at if t0 is None else t0
             frames = int(m.group(1))
             points.append((at - t0, frames / FRAMESKIP))
         if (m := _SF_LAG.search(line)) and points and points[-1][0] >= warmup:
@@ -153,13 +175,20 @@ def curves(args) -> int:
     """Both sides at once (each gets about one of the two cores), to the same env-step budget:
     the comparison is return at equal env steps, not speed (the rates above measure speed,
     one side at a time). Training returns are whole games in raw score on both sides."""
-    args.out.mkdir(parents=True, exist_ok=True)
-    with ThreadPoolExecutor(2) as pool:
-        ours = pool.submit(run_conduit, args.window, args.warmup, args.curve,
-                           args.out / "conduit")
-        peer = pool.submit(run_sample_factory, args.window, args.warmup, args.peer_vtrace,
-                           args.curve, args.out / "sample_factory.log")
-        ours, peer = ours.result(), peer.result()
+    if args.read:  # a finished pair: --read CONDUIT_RUN_DIR SAMPLE_FACTORY_LOG
+        ours = conduit_figures(Path(args.read[0]), args.warmup)
+        peer = sample_factory_figures(Path(args.read[1]).read_text().splitlines(True),
+                                      args.warmup)
+    else:
+        args.out.mkdir(parents=True, exist_ok=True)
+        with ThreadPoolExecutor(2) as pool:
+            ours = pool.submit(run_conduit, args.window, args.warmup, args.curve,
+                               args.out / "conduit")
+            peer = pool.submit(run_sample_factory, args.window, args.warmup,
+                               args.peer_vtrace, args.curve, args.out / "sample_factory.log")
+            ours, peer = ours.result(), peer.result()
+        (args.out / "curves.json").write_text(json.dumps({"conduit": ours,
+                                                          "sample_factory": peer}))
     a, b = binned(ours["returns"], args.bin), binned(peer["returns"], args.bin)
     games = binned(ours["game_returns"], args.bin)
     print("training return per life (clipped rewards), mean over each bin of env steps; "
@@ -177,7 +206,6 @@ def curves(args) -> int:
                       "lag": [[ours["lag_mean"], ours["lag_max"]],
                               [peer["lag_mean"], peer["lag_max"]]],
                       "load": os.getloadavg()[0]}))
-    (args.out / "curves.json").write_text(json.dumps({"conduit": ours, "sample_factory": peer}))
     return 0
 
 
@@ -193,8 +221,10 @@ def main(argv=None) -> int:
     ap.add_argument("--bin", type=int, default=100_000, help="env steps per curve point")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "async_peer_curve",
                     help="--curve keeps Conduit's run and Sample Factory's log here")
+    ap.add_argument("--read", nargs=2, metavar=("CONDUIT_RUN_DIR", "SAMPLE_FACTORY_LOG"),
+                    help="--curve's table from a finished pair instead of running one")
     args = ap.parse_args(argv)
-    if args.curve:
+    if args.curve or args.read:
         return curves(args)
     ours, peers = [], []
     for _ in range(args.rounds):
