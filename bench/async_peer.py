@@ -78,6 +78,8 @@ def run_conduit(window: float, warmup: float, env_steps: int = 100_000_000,
                "--set", "nodes.evaluator.config.eval_interval=100000000"]
         for setting in PEER_TASK:
             cmd += ["--set", setting]
+        # The learning rate decays to 0 over the budget, as Sample Factory's over its own.
+        cmd += ["--set", f"agent.algorithm.learning_rate_anneal_steps={env_steps}"]
         t0 = time.time()
         code = subprocess.run(cmd, cwd=ROOT).returncode
         figures = conduit_figures(Path(run_dir), warmup, t0)
@@ -181,12 +183,16 @@ def curves(args) -> int:
                                       args.warmup)
     else:
         args.out.mkdir(parents=True, exist_ok=True)
+        log = args.out / "sample_factory.log"
         with ThreadPoolExecutor(2) as pool:
             ours = pool.submit(run_conduit, args.window, args.warmup, args.curve,
-                               args.out / "conduit")
-            peer = pool.submit(run_sample_factory, args.window, args.warmup,
-                               args.peer_vtrace, args.curve, args.out / "sample_factory.log")
-            ours, peer = ours.result(), peer.result()
+                               args.out / "conduit") if "conduit" in args.sides else None
+            peer = pool.submit(run_sample_factory, args.window, args.warmup, args.peer_vtrace,
+                               args.curve, log) if "peer" in args.sides else None
+            ours = ours.result() if ours else conduit_figures(args.out / "conduit",
+                                                              args.warmup)
+            peer = peer.result() if peer else sample_factory_figures(
+                log.read_text().splitlines(True), args.warmup)
         (args.out / "curves.json").write_text(json.dumps({"conduit": ours,
                                                           "sample_factory": peer}))
     a, b = binned(ours["returns"], args.bin), binned(peer["returns"], args.bin)
@@ -221,6 +227,9 @@ def main(argv=None) -> int:
     ap.add_argument("--bin", type=int, default=100_000, help="env steps per curve point")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "async_peer_curve",
                     help="--curve keeps Conduit's run and Sample Factory's log here")
+    ap.add_argument("--sides", nargs="+", choices=["conduit", "peer"],
+                    default=["conduit", "peer"],
+                    help="--curve: run only these (the other's finished run lies in --out)")
     ap.add_argument("--read", nargs=2, metavar=("CONDUIT_RUN_DIR", "SAMPLE_FACTORY_LOG"),
                     help="--curve's table from a finished pair instead of running one")
     args = ap.parse_args(argv)
