@@ -86,6 +86,18 @@ def run_conduit(window: float, warmup: float, env_steps: int = 100_000_000,
     return {"exit_code": code, **figures}
 
 
+def weighted(records: list[dict], key: str) -> list[tuple[float, float, int]]:
+    """``(env_steps, mean return, episodes)`` of each runner report of ``key``_return (the
+    episodes that ended in its period: ``key``s counts them per runner)."""
+    points, seen = [], {}
+    for m in records:
+        if f"{key}_return" in m:
+            count = m[f"{key}s"] - seen.get(m["source"], 0)
+            seen[m["source"]] = m[f"{key}s"]
+            points.append((m["env_steps"], m[f"{key}_return"], count))
+    return points
+
+
 def conduit_figures(run_dir: Path, warmup: float, t0: float | None = None) -> dict:
     """Rate, lag and training returns of a finished Conduit run (``t0``: its launch, by default
     its first learner report)."""
@@ -97,10 +109,7 @@ def conduit_figures(run_dir: Path, warmup: float, t0: float | None = None) -> di
     lags = [m for m in learner if "lag/versions_mean" in m and m["time"] - t0 >= warmup]
     # Sample Factory's "episode reward" is the learner's episode (a life, clipped rewards, its
     # EnvPool settings): the runners report the same as train/learner_episode_return.
-    returns = [(m["env_steps"], m["train/learner_episode_return"]) for m in records
-               if "train/learner_episode_return" in m]
-    games = [(m["env_steps"], m["train/episode_return"]) for m in records
-             if "train/episode_return" in m]
+    returns, games = weighted(records, "train/learner_episode"), weighted(records, "train/episode")
     return {"env_steps_per_s": slope(points, warmup),
             "trained_env_steps": max((s for _, s in points), default=0),
             "lag_mean": lags and round(statistics.fmean(m["lag/versions_mean"] for m in lags), 2),
@@ -165,12 +174,16 @@ def sample_factory_figures(lines: list[str], warmup: float, t0: float | None = N
             "returns": returns, "log_tail": "".join(lines[-5:]) if not points else ""}
 
 
-def binned(returns: list[tuple[float, float]], width: int) -> dict[int, float]:
-    """Mean training episode return per ``width`` env steps, keyed by the bin's end."""
+def binned(returns: list[tuple], width: int) -> dict[int, float]:
+    """Mean training episode return per ``width`` env steps, keyed by the bin's end, from
+    ``(env_steps, return)`` or ``(env_steps, mean return, episodes)`` points."""
     bins: dict[int, list[float]] = {}
-    for steps, ret in returns:
-        bins.setdefault((int(steps) // width + 1) * width, []).append(ret)
-    return {end: round(statistics.fmean(v), 2) for end, v in sorted(bins.items())}
+    for steps, ret, *count in returns:
+        weight = count[0] if count else 1
+        total = bins.setdefault((int(steps) // width + 1) * width, [0.0, 0])
+        total[0] += ret * weight
+        total[1] += weight
+    return {end: round(s / n, 2) for end, (s, n) in sorted(bins.items()) if n}
 
 
 def curves(args) -> int:
