@@ -189,7 +189,8 @@ def binned(returns: list[tuple], width: int) -> dict[int, float]:
 def curves(args) -> int:
     """Both sides at once (each gets about one of the two cores), to the same env-step budget:
     the comparison is return at equal env steps, not speed (the rates above measure speed,
-    one side at a time). Training returns are whole games in raw score on both sides."""
+    one side at a time). Training returns per life in clipped rewards on both sides (the
+    learner's episodes, what Sample Factory prints), Conduit's whole games beside them."""
     if args.read:  # a finished pair: --read CONDUIT_RUN_DIR SAMPLE_FACTORY_LOG
         ours = conduit_figures(Path(args.read[0]), args.warmup)
         peer = sample_factory_figures(Path(args.read[1]).read_text().splitlines(True),
@@ -202,10 +203,10 @@ def curves(args) -> int:
                                args.out / "conduit") if "conduit" in args.sides else None
             peer = pool.submit(run_sample_factory, args.window, args.warmup, args.peer_vtrace,
                                args.curve, log) if "peer" in args.sides else None
-            ours = ours.result() if ours else conduit_figures(args.out / "conduit",
-                                                              args.warmup)
-            peer = peer.result() if peer else sample_factory_figures(
-                log.read_text().splitlines(True), args.warmup)
+            # Both waited for before the other side's finished run is read.
+            ours, peer = ours and ours.result(), peer and peer.result()
+        ours = ours or conduit_figures(args.out / "conduit", args.warmup)
+        peer = peer or sample_factory_figures(log.read_text().splitlines(True), args.warmup)
         (args.out / "curves.json").write_text(json.dumps({"conduit": ours,
                                                           "sample_factory": peer}))
     a, b = binned(ours["returns"], args.bin), binned(peer["returns"], args.bin)
