@@ -53,6 +53,10 @@ VARIANTS = {"appo_minatar_novtrace": ("appo_minatar", ["agent.algorithm.vtrace=f
                 "agent.algorithm.importance_ratio_clipping=0.2", "agent.algorithm.num_epochs=6"]),
             "appo_minatar_clip03_epochs6": ("appo_minatar", [
                 "agent.algorithm.importance_ratio_clipping=0.3", "agent.algorithm.num_epochs=6"]),
+            # The learner's update on 2 torch threads (the graphs' 1): lock-step PPO leaves one
+            # of 2 cores idle (cores_busy ~1.0).
+            "ppo_minatar_threads2": ("ppo_minatar", ["nodes.learner.config.num_threads=2"]),
+            "appo_minatar_threads2": ("appo_minatar", ["nodes.learner.config.num_threads=2"]),
             # PPG with an auxiliary phase more often (N_pi unrolls of 2,048 env steps).
             "ppg_minatar_aux4": ("ppg_minatar", ["agent.algorithm.aux_interval=4"]),
             "ppg_minatar_aux2": ("ppg_minatar", ["agent.algorithm.aux_interval=2"]),
