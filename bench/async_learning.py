@@ -57,14 +57,16 @@ VARIANTS = {"appo_minatar_novtrace": ("appo_minatar", ["agent.algorithm.vtrace=f
             # of 2 cores idle (cores_busy ~1.0).
             "ppo_minatar_threads2": ("ppo_minatar", ["nodes.learner.config.num_threads=2"]),
             "appo_minatar_threads2": ("appo_minatar", ["nodes.learner.config.num_threads=2"]),
-            # PPG with an auxiliary phase more often (N_pi unrolls of 2,048 env steps).
-            "ppg_minatar_aux4": ("ppg_minatar", ["agent.algorithm.aux_interval=4"]),
-            "ppg_minatar_aux2": ("ppg_minatar", ["agent.algorithm.aux_interval=2"]),
-            # ... with fewer auxiliary epochs (E_aux), and with fewer policy-phase epochs
-            # (the paper's E_pi is 1: the auxiliary phase does the rest of the value's work).
-            "ppg_minatar_aux2_auxepochs2": ("ppg_minatar", ["agent.algorithm.aux_interval=2",
-                                                            "agent.algorithm.aux_epochs=2"]),
+            # PPG's auxiliary phase: the graph's (N_pi 2, E_aux 2 since 2026-11-29) against
+            # the settings tried before it (N_pi unrolls of 2,048 env steps, E_aux epochs),
+            # and fewer policy-phase epochs (the paper's E_pi is 1).
+            "ppg_minatar_aux8_auxepochs6": ("ppg_minatar", ["agent.algorithm.aux_interval=8",
+                                                            "agent.algorithm.aux_epochs=6"]),
+            "ppg_minatar_aux4_auxepochs6": ("ppg_minatar", ["agent.algorithm.aux_interval=4",
+                                                            "agent.algorithm.aux_epochs=6"]),
+            "ppg_minatar_aux2_auxepochs6": ("ppg_minatar", ["agent.algorithm.aux_epochs=6"]),
             "ppg_minatar_aux4_epochs4": ("ppg_minatar", ["agent.algorithm.aux_interval=4",
+                                                         "agent.algorithm.aux_epochs=6",
                                                          "agent.algorithm.num_epochs=4"])}
 
 
