@@ -144,7 +144,7 @@ class VectorEnvStepper:
     rewards, see :class:`algorithms.envs.atari.AtariEnv`): ``score`` (the raw reward,
     ``info["raw_reward"]``), ``episode_start`` (a new game begins at this step) and
     ``episode_end`` (the game ended here, ``info["game_over"]``). For other envs they are the
-    reward, FIRST and LAST.
+    reward, FIRST and LAST, and ``has_marks`` stays False (consumers can skip them).
 
     ``success`` is the step's ``info["is_success"]`` per env (:func:`success_of`; None for
     envs that do not report it): goal-conditioned envs (Gymnasium-Robotics' Fetch) say there
@@ -161,6 +161,7 @@ class VectorEnvStepper:
         self.score = np.zeros(self.num_envs, np.float32)
         self.episode_start = np.ones(self.num_envs, dtype=bool)
         self.episode_end = np.zeros(self.num_envs, dtype=bool)
+        self.has_marks = False  # the env reported raw_reward or game_over at least once
         self.success: np.ndarray | None = None
 
     def _prev_action_zeros(self):
@@ -189,6 +190,7 @@ class VectorEnvStepper:
         last = (terminated | truncated) & ~first
         step_type = np.where(first, StepType.FIRST, np.where(last, StepType.LAST, StepType.MID))
         discount = np.where(last & terminated, 0.0, 1.0).astype(np.float32)
+        self.has_marks = self.has_marks or "raw_reward" in info or "game_over" in info
         self.episode_start = self._game_over
         game_over = info.get("game_over", last)
         self.episode_end = game_over & ~self.episode_start

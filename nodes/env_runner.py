@@ -194,7 +194,9 @@ async def _step_group(config: Config, node, group: int, policy, metrics, stats: 
             # unroller computes them instead of before it starts.
             if going_on():
                 ask()
-            if need_reset:  # the truncated LAST: its own marks, the stepper's are of a reset
+            if need_reset or not stepper.has_marks:
+                # The time step's own marks: after a recreated env the stepper's are of a
+                # reset; for envs without raw_reward/game_over they are the same.
                 stats.update(ts, offset=group * size)
             else:
                 stats.update(ts, group * size, stepper.score, stepper.episode_start,

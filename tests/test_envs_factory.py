@@ -157,6 +157,25 @@ def test_evaluation_atari_plays_whole_games_with_raw_rewards():
     assert not any(k.startswith("train/learner_episode") for k in metrics)  # the same episodes
 
 
+def test_the_stepper_says_which_envs_report_episode_marks():
+    # Atari's wrapper reports raw rewards and game overs: the runner folds its marks in.
+    stepper = VectorEnvStepper(atari.AtariEnv(_ScriptedAtari(SCRIPT), True, True))
+    stepper.reset()
+    assert not stepper.has_marks
+    stepper.step(np.zeros(1, np.int64))
+    assert stepper.has_marks
+    # A plain Gymnasium env has none: the runner skips them (its episodes are the game's).
+    env = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+    try:
+        stepper = VectorEnvStepper(env, seed=0)
+        stepper.reset()
+        for _ in range(30):
+            stepper.step(np.zeros(2, np.int64))
+        assert not stepper.has_marks
+    finally:
+        env.close()
+
+
 @needs_ale
 @pytest.mark.parametrize("backend", ["ale", pytest.param("envpool", marks=pytest.mark.skipif(
     not HAS_ENVPOOL, reason="EnvPool is not installed"))])
