@@ -65,9 +65,10 @@ PEER_TASK = ["agent.env_kwargs.repeat_action_probability=0"]
 
 
 def run_conduit(window: float, warmup: float, env_steps: int = 100_000_000,
-                keep: Path | None = None) -> dict:
+                keep: Path | None = None, settings: tuple[str, ...] = ()) -> dict:
     """``graphs/appo_atari.yaml`` for ``window`` seconds or ``env_steps``, whichever comes
-    first; its run directory is kept at ``keep`` (a temporary one otherwise)."""
+    first, with ``settings`` (``KEY=VALUE``, as ``run.py --set``) last; its run directory is
+    kept at ``keep`` (a temporary one otherwise)."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = str(keep or Path(tmp) / "run")
         cmd = [sys.executable, str(ROOT / "run.py"), "run", str(ROOT / "graphs/appo_atari.yaml"),
@@ -80,6 +81,8 @@ def run_conduit(window: float, warmup: float, env_steps: int = 100_000_000,
             cmd += ["--set", setting]
         # The learning rate decays to 0 over the budget, as Sample Factory's over its own.
         cmd += ["--set", f"agent.algorithm.learning_rate_anneal_steps={env_steps}"]
+        for setting in settings:
+            cmd += ["--set", setting]
         t0 = time.time()
         code = subprocess.run(cmd, cwd=ROOT).returncode
         figures = conduit_figures(Path(run_dir), warmup, t0)
@@ -200,7 +203,8 @@ def curves(args) -> int:
         log = args.out / "sample_factory.log"
         with ThreadPoolExecutor(2) as pool:
             ours = pool.submit(run_conduit, args.window, args.warmup, args.curve,
-                               args.out / "conduit") if "conduit" in args.sides else None
+                               args.out / "conduit", tuple(args.conduit_set)) \
+                if "conduit" in args.sides else None
             peer = pool.submit(run_sample_factory, args.window, args.warmup, args.peer_vtrace,
                                args.curve, log) if "peer" in args.sides else None
             # Both waited for before the other side's finished run is read.
@@ -244,6 +248,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sides", nargs="+", choices=["conduit", "peer"],
                     default=["conduit", "peer"],
                     help="--curve: run only these (the other's finished run lies in --out)")
+    ap.add_argument("--conduit-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a graph setting for Conduit's side (run.py --set; repeatable)")
     ap.add_argument("--read", nargs=2, metavar=("CONDUIT_RUN_DIR", "SAMPLE_FACTORY_LOG"),
                     help="--curve's table from a finished pair instead of running one")
     args = ap.parse_args(argv)
@@ -251,7 +257,7 @@ def main(argv=None) -> int:
         return curves(args)
     ours, peers = [], []
     for _ in range(args.rounds):
-        ours.append(run_conduit(args.window, args.warmup))
+        ours.append(run_conduit(args.window, args.warmup, settings=tuple(args.conduit_set)))
         print("conduit", json.dumps({k: v for k, v in ours[-1].items() if k != "returns"}),
               flush=True)
         peers.append(run_sample_factory(args.window, args.warmup, args.peer_vtrace))
