@@ -103,6 +103,9 @@ class QrsacConfig(SoftActorCriticConfig):
     huber_kappa: float = hp(1.0, "kappa of the quantile Huber loss", range=POSITIVE)
     sum_over_quantiles: bool = hp(True, "sum the critic loss over the predicted quantiles "
                                         "(the paper's; false: average, ALF's default)")
+    min_critic_by_critic_mean: bool = hp(False, "the replicas' minimum is the replica of the "
+                                                "lowest mean (SAC's clipped double Q), not the "
+                                                "minimum per quantile (ALF's default)")
     risk_measure: Literal["mean", "cvar"] = hp("mean", "the actor's value of the quantiles: "
                                                        "mean (risk-neutral) or cvar")
     risk_level: float = hp(0.25, "cvar's alpha: the mean of the lowest ceil(alpha * N) "

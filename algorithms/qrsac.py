@@ -7,11 +7,16 @@ Training batches are batch-major ``[B, T]`` windows (``T = 2``; a longer window 
 its rows on the one-step target of the row after it)::
 
     Z'(s', a')  = min_r Z_target_r(s', a')   per quantile (ALF's default),   a' ~ pi(.|s')
+                  (or, with min_critic_by_critic_mean, the replica of the lowest mean)
     target_j    = r + gamma * d * (Z'_j(s', a') - alpha * log pi(a'|s'))        (no gradient)
     critic      = sum_r sum_i mean_j rho_tau_i(target_j - Z_r,i(s, a))   (mean_i: ALF's default)
     rho_tau(u)  = |tau - 1{u < 0}| * huber_kappa(u) / kappa
     actor       = alpha * log pi(a~|s) - risk(min_r Z_r(s, a~))    (critic parameters held fixed)
     alpha       = log_alpha * (H(pi) - target_entropy)                              (SAC's)
+
+The minimum per quantile is more pessimistic than SAC's clipped double Q (its mean is at or
+below the lower replica's mean); ``min_critic_by_critic_mean`` takes the whole replica of the
+lower mean instead, whose mean is exactly SAC's ``min_r Q_r``. Both are ALF's options.
 
 ``risk`` is the ``mean`` of the quantiles (risk-neutral: SAC's Q) or ``cvar``, the mean of the
 lowest ``ceil(risk_level * N)`` of them (the expected return of the worst ``risk_level`` of
@@ -77,6 +82,15 @@ def risk_value(quantiles: torch.Tensor, measure: str, level: float) -> torch.Ten
     n = quantiles.shape[-1]
     k = max(1, math.ceil(round(level * n, 6)))  # round: 0.3 * 10 is 3.0000000000000004
     return quantiles.topk(k, -1, largest=False).values.mean(-1)
+
+
+def replica_minimum(quantiles: torch.Tensor, by_mean: bool) -> torch.Tensor:
+    """``quantiles [B, R, N]`` of ``R`` replicas -> ``[B, N]``: the minimum over replicas of
+    each quantile, or (``by_mean``) the quantiles of the replica whose mean is lowest."""
+    if not by_mean:
+        return quantiles.min(1).values
+    lowest = quantiles.mean(-1).argmin(1)                                          # [B]
+    return quantiles[torch.arange(quantiles.shape[0], device=quantiles.device), lowest]
 
 
 class ParallelQuantileCritics(nn.Module):
@@ -158,16 +172,18 @@ class QrsacAlgorithm(RLAlgorithm):
 
     def _soft_target_quantiles(self, obs_next, alpha) -> torch.Tensor:
         """``Z'(s', a') - alpha * log pi(a'|s')`` per quantile, ``[B, N]`` (call without
-        gradient): the target critics' minimum over replicas for each quantile."""
+        gradient): the target critics' minimum over replicas (:func:`replica_minimum`)."""
         a_next, log_pi_next = _sample_and_log_prob(self.actor_network(obs_next))
-        z = self.target_critic_networks(obs_next, a_next).min(1).values
+        z = replica_minimum(self.target_critic_networks(obs_next, a_next),
+                            self.config.min_critic_by_critic_mean)
         return z - alpha * log_pi_next.unsqueeze(-1) if self.use_entropy_reward else z
 
     def _actor_objective(self, obs_cur, alpha):
         """Per-sample actor loss and entropy."""
         a_pi, log_pi = _sample_and_log_prob(self.actor_network(obs_cur))
         # Critic weights are detached here so the actor loss only trains the actor.
-        z_pi = self.critic_networks(obs_cur, a_pi, detach_params=True).min(1).values
+        z_pi = replica_minimum(self.critic_networks(obs_cur, a_pi, detach_params=True),
+                               self.config.min_critic_by_critic_mean)
         value = risk_value(z_pi, self.config.risk_measure, self.config.risk_level)
         return alpha * log_pi - value, -log_pi
 

@@ -117,6 +117,13 @@ class _Critics(nn.Module):
         return self.z.expand(obs.shape[0], *self.z.shape)
 
 
+class _PerSampleCritics(_Critics):
+    """Fixed quantiles ``[B, R, N]``, one set per sample of a batch of ``B``."""
+
+    def forward(self, obs, action, detach_params=False):
+        return self.z
+
+
 def _qrsac(**kw):
     config = QrsacConfig(actor_fc_layer_params=[8], critic_fc_layer_params=[8], **kw)
     alg = algorithms.make(config, OBS, BOX)
@@ -141,6 +148,27 @@ def test_target_is_the_minimum_per_quantile_minus_alpha_log_pi_by_hand():
     no_entropy.target_critic_networks = alg.target_critic_networks
     torch.testing.assert_close(no_entropy._soft_target_quantiles(torch.zeros(1, 3), 2.0),
                                t(1.0, 3.0).view(1, 2))
+
+
+def test_by_critic_mean_the_target_takes_the_replica_of_the_lower_mean_by_hand():
+    alg = _qrsac(num_quantiles=2, min_critic_by_critic_mean=True)
+    # Replica 0 [1, 5] (mean 3), replica 1 [2, 3] (mean 2.5): the target takes [2, 3], minus
+    # alpha log pi: [2.5, 3.5]. Each sample chooses its own replica.
+    critics = torch.tensor([[[1.0, 5.0], [2.0, 3.0]], [[0.0, 1.0], [4.0, 4.0]]])   # [B, R, N]
+    alg.target_critic_networks = _PerSampleCritics(critics)
+    torch.testing.assert_close(alg._soft_target_quantiles(torch.zeros(2, 3), 2.0),
+                               torch.tensor([[2.5, 3.5], [0.5, 1.5]]))
+
+
+@pytest.mark.parametrize("by_mean,expected", [
+    (False, -0.5 - 2.25),  # min per quantile [0, 3, 8, -2], mean 2.25
+    (True, -0.5 - 2.75),   # replica means 3.5 and 2.75: the second, [1, 3, 9, -2]
+])
+def test_actor_value_follows_the_replica_minimum_rule_by_hand(by_mean, expected):
+    alg = _qrsac(num_quantiles=4, min_critic_by_critic_mean=by_mean)
+    alg.critic_networks = _Critics(t(0, 4, 8, 2, 1, 3, 9, -2).view(2, 4))
+    actor_loss, _ = alg._actor_objective(torch.zeros(3, 3), 2.0)
+    torch.testing.assert_close(actor_loss, torch.full((3,), expected))
 
 
 @pytest.mark.parametrize("measure,level,expected", [
