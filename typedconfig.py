@@ -9,6 +9,8 @@ either layer importing the other. Supports the annotations configs use:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
 import types
@@ -22,6 +24,34 @@ class ConfigError(ValueError):
     def __init__(self, key: str, message: str):
         super().__init__(f"{key}: {message}" if key else message)
         self.key, self.message = key, message
+
+
+# Set while ``run.py check`` loads a graph: where :func:`absent_input` notes what is missing.
+_ABSENT_INPUTS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "absent_inputs", default=None)
+
+
+@contextlib.contextmanager
+def noting_absent_inputs():
+    """Within this, :func:`absent_input` appends its message to the yielded list instead of
+    raising. ``run.py check`` validates a graph that names a file still to be made (a dataset
+    its header says how to write) as the valid graph it is, and says what is missing; ``run``
+    refuses it until the file exists."""
+    notes: list[str] = []
+    token = _ABSENT_INPUTS.set(notes)
+    try:
+        yield notes
+    finally:
+        _ABSENT_INPUTS.reset(token)
+
+
+def absent_input(key: str, message: str) -> None:
+    """A file or directory the config names does not exist (yet): a :class:`ConfigError`,
+    or a note within :func:`noting_absent_inputs`. ``message`` says what to make and how."""
+    notes = _ABSENT_INPUTS.get()
+    if notes is None:
+        raise ConfigError(key, message)
+    notes.append(message)
 
 
 def build(cls: type, data: Any, where: str = "") -> Any:

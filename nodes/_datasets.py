@@ -50,6 +50,13 @@ def datasets_fit_the_graph(graph) -> None:
                                   "offline graph (no experience input): remove it")
 
 
+def missing_dataset(path: str) -> str:
+    """The one line for a dataset directory that does not exist, with how to make it."""
+    return (f"dataset {path}: no such directory (make one with run.py dataset RUN_DIR --to "
+            f"{path}; the example graphs' with python bench/datasets.py pendulum or "
+            f"halfcheetah)")
+
+
 def check_dataset(path: str, agent):
     """Open dataset ``path`` (:class:`storage.datasets.Dataset`) and check it against
     ``agent``: the same env id (when the dataset records one) and, field by field, the
@@ -59,9 +66,7 @@ def check_dataset(path: str, agent):
     from storage.datasets import Dataset, DatasetError
 
     if not os.path.isdir(path):
-        raise DatasetError(f"dataset {path}: no such directory (make one with run.py dataset "
-                           f"RUN_DIR --to {path}; the example graphs' with python "
-                           f"bench/datasets.py pendulum or halfcheetah)")
+        raise DatasetError(missing_dataset(path))
     dataset = Dataset(path)
     if dataset.env_id is not None and agent.env_id != dataset.env_id and \
             agent.env_id.split(":")[-1] != dataset.env_id:

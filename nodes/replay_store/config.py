@@ -3,11 +3,12 @@ the buffer for: the keys checked at load, apart from the node that runs them."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from nodes._agent import Agent
 from storage import BetaSchedule, MaxStaleness, MaxUse, SampleStatistics, ThroughputMonitor
-from typedconfig import ConfigError
+from typedconfig import ConfigError, absent_input
 
 
 @dataclass(frozen=True)
@@ -186,10 +187,13 @@ class Config:
             raise ConfigError("datasets", f"{self.agent.algorithm.name} is on-policy: it "
                               f"trains on fresh unrolls of its own policy, not on datasets; "
                               f"use an off-policy algorithm (bc, iql, sac, ...)")
-        from nodes._datasets import check_dataset
+        from nodes._datasets import check_dataset, missing_dataset
         from storage.datasets import DatasetError
 
         for i, path in enumerate(self.datasets):
+            if not os.path.isdir(path):  # run refuses; check notes it (a file still to make)
+                absent_input(f"datasets.{i}", missing_dataset(path))
+                continue
             try:
                 check_dataset(path, self.agent)
             except DatasetError as exc:
