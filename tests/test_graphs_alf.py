@@ -1,4 +1,4 @@
-"""The OAC, TAAC and PPG graphs through the real multi-process pipeline.
+"""The OAC, QR-SAC, TAAC and PPG graphs through the real multi-process pipeline.
 
 CI runs each reference graph for a short budget (the smoke runs): every node starts, the
 algorithm's rollout info crosses unroller, replay and learner, the learner trains (PPG: an
@@ -23,16 +23,18 @@ def live(live_runs):
 
 
 
+# A short off-policy run: few random steps, sampling soon, an evaluation every 1000 steps.
+SHORT_OFF_POLICY = (
+    "agent.algorithm.initial_random_steps=500",
+    "nodes.replay_store.config.min_size_to_sample=500",
+    "nodes.learner.config.num_env_steps=2000",
+    "nodes.evaluator.config.eval_interval=1000",
+    "nodes.evaluator.config.num_eval_episodes=1",
+    "nodes.evaluator.config.stop_at_return=null",
+    "nodes.learner.config.metrics_interval_s=0.01")
 SMOKE = {
-    # A short off-policy run: few random steps, sampling soon, an evaluation every 1000 steps.
-    "oac_halfcheetah": (
-        "agent.algorithm.initial_random_steps=500",
-        "nodes.replay_store.config.min_size_to_sample=500",
-        "nodes.learner.config.num_env_steps=2000",
-        "nodes.evaluator.config.eval_interval=1000",
-        "nodes.evaluator.config.num_eval_episodes=1",
-        "nodes.evaluator.config.stop_at_return=null",
-        "nodes.learner.config.metrics_interval_s=0.01"),
+    "oac_halfcheetah": SHORT_OFF_POLICY,
+    "qrsac_halfcheetah": SHORT_OFF_POLICY,
     "taac_bipedalwalker": (
         "agent.algorithm.initial_random_steps=500",
         "nodes.replay_store.config.min_size_to_sample=500",
@@ -54,6 +56,7 @@ SMOKE = {
 }
 # What only that algorithm's update reports: its own loss reached the learner's metrics.
 OWN_METRICS = {"oac_halfcheetah": {"loss/critic", "alpha"},
+               "qrsac_halfcheetah": {"loss/critic", "alpha"},
                "taac_bipedalwalker": {"entropy/switch", "switch_prob", "alpha/switch"},
                "ppg_minatar": {"aux/kl", "aux/aux_value", "loss/pg"}}
 
