@@ -55,6 +55,11 @@ STOP_CONDITION = "stop condition"  # a run.stop_when node finished
 # A run that failed is stopped with this much grace per wave at most: nothing it would drain
 # or checkpoint can make it succeed, and a crash loop should end promptly.
 FAILED_GRACE_S = 2.0
+# A connected node is stopped by its Stop message, which carries the reason (a store stopped
+# for its replacement leaves its state on "swapped"); SIGTERM, which carries none, follows only
+# if it has not exited by then. Sent at once, the signal raced the message under load, and a
+# swapped store stopped as if the run ended: its replacement started empty.
+SIGNAL_AFTER_S = 5.0
 
 
 def _last_generation(directory: str) -> int:
@@ -184,13 +189,18 @@ class Supervisor:
         if inc.exited.is_set() or inc.process is None:  # None: still being placed (ray)
             return
         self._send(inc.launch.incarnation, Stop(reason))
-        with contextlib.suppress(ProcessLookupError):
-            inc.process.send_signal(signal.SIGTERM)
         grace = self.graph.run.grace_s
         if self.ended_by == "failure":
             grace = min(grace, FAILED_GRACE_S)
+        deadline = time.monotonic() + grace
+        if inc.said_hello:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(inc.exited.wait(), min(SIGNAL_AFTER_S, grace))
+        if not inc.exited.is_set():
+            with contextlib.suppress(ProcessLookupError):
+                inc.process.send_signal(signal.SIGTERM)
         try:
-            await asyncio.wait_for(inc.exited.wait(), grace)
+            await asyncio.wait_for(inc.exited.wait(), max(0.0, deadline - time.monotonic()))
         except TimeoutError:
             log.warning("%s did not stop within %.0fs: SIGKILL", inc.launch.incarnation, grace)
             launchers.kill(inc.process)
@@ -246,6 +256,7 @@ class Supervisor:
 
     def _on_hello(self, inc: Incarnation, msg: Hello) -> None:
         inc.endpoints = msg.endpoints
+        inc.said_hello = True
         inc.last_heartbeat = time.monotonic()
         self.broadcast_peers()  # others learn where it is; it learns where everyone is
 

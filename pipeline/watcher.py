@@ -36,6 +36,7 @@ class Incarnation:
     last_heartbeat: float = 0.0
     heartbeat: dict = field(default_factory=dict)
     endpoints: dict = field(default_factory=dict)
+    said_hello: bool = False  # connected to the control channel: it hears a Stop message
     returncode: int | None = None
     started_at: float = field(default_factory=time.monotonic)
 

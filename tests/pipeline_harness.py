@@ -201,6 +201,28 @@ async def idle_node(config, node, ready):
     return {}
 
 
+async def stop_probe(config, node, ready):
+    """A node kind for tests (``tests.pipeline_harness:stop_probe``): until stopped; then
+    writes ``RUN_DIR/stopped.<pid>`` with the reason its Stop message gave (empty if none
+    came), and ``RUN_DIR/signalled.<pid>`` if a SIGTERM reached it."""
+    import asyncio
+    import signal
+
+    incarnation = os.getpid()
+
+    def signalled():
+        with open(os.path.join(node.info.run_dir, f"signalled.{incarnation}"), "w") as f:
+            f.write("SIGTERM")
+        node.stopping.set()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, signalled)
+    ready()
+    await node.stopping.wait()
+    with open(os.path.join(node.info.run_dir, f"stopped.{incarnation}"), "w") as f:
+        f.write(node.stop_reason or "")
+    return {}
+
+
 async def secret_probe(config, node, ready):
     """A node kind for tests (``tests.pipeline_harness:secret_probe``): writes the run secret
     it sees in its environment to ``RUN_DIR/probe.<replica>`` before it says ready."""

@@ -131,3 +131,30 @@ def test_a_swap_whose_replacement_fails_is_refused_and_the_run_goes_on(tmp_path)
         assert run.finish(60) == 0, run.stderr
     finally:
         run.kill()
+
+
+@pytest.mark.timeout(120)
+def test_a_node_stopped_for_its_swap_hears_why_and_no_signal_races_the_reason(tmp_path):
+    """A store or learner stopped for its replacement leaves its state for it only if it
+    knows that is why it stops (``node.replaced``). The reason comes in the Stop message; a
+    SIGTERM carries none, and one sent with the message won that race under load (a swapped
+    replay store handed nothing over). A connected node is signalled only if the message did
+    not stop it."""
+    graph = tmp_path / "graph.yaml"
+    graph.write_text(idle_demo_graph("stop_reason", """
+  probe:
+    kind: "tests.pipeline_harness:stop_probe"
+"""))
+    run = LiveRun(str(tmp_path / "run"), str(graph))
+    try:
+        run.wait_ready()
+        old = run.command("status")["nodes"]["probe.0"]["pid"]
+        swap = run.cli("swap", run.run_dir, "probe")
+        assert swap.returncode == 0, swap.stderr
+        with open(os.path.join(run.run_dir, f"stopped.{old}")) as f:
+            assert f.read() == "swapped"
+        assert not os.path.exists(os.path.join(run.run_dir, f"signalled.{old}"))
+        run.interrupt()
+        assert run.finish(60) == 0, run.stderr
+    finally:
+        run.kill()
