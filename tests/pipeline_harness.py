@@ -268,3 +268,14 @@ def idle_demo_graph(name: str, extra: str) -> str:
     """The demo graph with nothing to send (it runs until stopped), plus ``extra`` YAML lines
     (more nodes, then optionally a ``run:`` block): for tests of the control plane."""
     return IDLE_DEMO.format(name=name) + extra.lstrip("\n")
+
+
+def probe_run(tmp_path, probe: str) -> LiveRun:
+    """The idle demo graph plus one node ``probe`` of kind ``tests.pipeline_harness:<probe>``,
+    started (``tmp_path/run``)."""
+    graph = tmp_path / f"{probe}.yaml"
+    graph.write_text(idle_demo_graph(probe, f"""
+  probe:
+    kind: "tests.pipeline_harness:{probe}"
+"""))
+    return LiveRun(str(tmp_path / "run"), str(graph))

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline import cli
 from pipeline.commands import control_commands
-from tests.pipeline_harness import ROOT, LiveRun, idle_demo_graph
+from tests.pipeline_harness import ROOT, LiveRun, idle_demo_graph, probe_run
 
 DEMO = os.path.join(ROOT, "graphs", "demo_counter.yaml")
 
@@ -140,12 +140,7 @@ def test_a_node_stopped_for_its_swap_hears_why_and_no_signal_races_the_reason(tm
     SIGTERM carries none, and one sent with the message won that race under load (a swapped
     replay store handed nothing over). A connected node is signalled only if the message did
     not stop it."""
-    graph = tmp_path / "graph.yaml"
-    graph.write_text(idle_demo_graph("stop_reason", """
-  probe:
-    kind: "tests.pipeline_harness:stop_probe"
-"""))
-    run = LiveRun(str(tmp_path / "run"), str(graph))
+    run = probe_run(tmp_path, "stop_probe")
     try:
         run.wait_ready()
         old = run.command("status")["nodes"]["probe.0"]["pid"]

@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from pipeline import gcpolicy
-from tests.pipeline_harness import ROOT, LiveRun, alive, idle_demo_graph, node_pids
+from tests.pipeline_harness import ROOT, alive, node_pids, probe_run
 
 GRAPH = os.path.join(ROOT, "graphs", "demo_counter.yaml")
 
@@ -222,12 +222,7 @@ def test_nodes_are_forks_of_the_fork_server_and_outlive_its_death(live):
 def test_a_node_process_collects_garbage_rarely_and_freezes_what_it_set_up(tmp_path):
     """pipeline.gcpolicy in a real node process: the young threshold raised at start, and
     everything made before ``ready()`` frozen out of the collector's scans."""
-    graph = tmp_path / "gc.yaml"
-    graph.write_text(idle_demo_graph("gc", """
-  probe:
-    kind: "tests.pipeline_harness:gc_probe"
-"""))
-    run = LiveRun(str(tmp_path / "run"), str(graph))
+    run = probe_run(tmp_path, "gc_probe")
     try:
         run.wait_ready()
         assert run.cli("stop", run.run_dir).returncode == 0
