@@ -208,17 +208,17 @@ async def stop_probe(config, node, ready):
     import asyncio
     import signal
 
-    incarnation = os.getpid()
+    pid = os.getpid()
 
     def signalled():
-        with open(os.path.join(node.info.run_dir, f"signalled.{incarnation}"), "w") as f:
+        with open(os.path.join(node.info.run_dir, f"signalled.{pid}"), "w") as f:
             f.write("SIGTERM")
         node.stopping.set()
 
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, signalled)
     ready()
     await node.stopping.wait()
-    with open(os.path.join(node.info.run_dir, f"stopped.{incarnation}"), "w") as f:
+    with open(os.path.join(node.info.run_dir, f"stopped.{pid}"), "w") as f:
         f.write(node.stop_reason or "")
     return {}
 
