@@ -22,7 +22,6 @@ def live(live_runs):
     return start
 
 
-
 # A short off-policy run: few random steps, sampling soon, an evaluation every 1000 steps.
 SHORT_OFF_POLICY = (
     "agent.algorithm.initial_random_steps=500",
@@ -71,6 +70,7 @@ def test_graph_smoke_run(live, name):
 @pytest.mark.timeout(2400)
 @pytest.mark.parametrize("name,threshold,budget", [
     ("oac_pendulum", -200, 20_000),
+    ("qrsac_pendulum", -200, 20_000),
     ("taac_pendulum", -200, 20_000),
 ])
 def test_graph_reaches_threshold(live, name, threshold, budget):

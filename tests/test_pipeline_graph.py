@@ -7,6 +7,7 @@ it. The command-line runs go through a small pool of subprocesses so the file st
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -600,6 +601,26 @@ def test_shipped_graphs_pass_the_check(name):
                 raise
             pytest.skip(str(exc))
     assert all("bench/datasets.py" in note for note in absent), absent
+
+
+def _string_constants(path: str) -> set[str]:
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
+            and isinstance(n.value, str)}
+
+
+def test_every_shipped_graph_is_run_by_some_test():
+    # A graph that only passes the check can still fail at its first step (a node's config the
+    # schema allows but the node refuses, an env the runner cannot make): each one is named,
+    # by its name or its file, as a string in some test that runs it.
+    tests_dir = os.path.join(REPO, "tests")
+    named = set().union(*(_string_constants(os.path.join(tests_dir, f))
+                          for f in os.listdir(tests_dir) if f.endswith(".py")))
+    unrun = [f for f in sorted(os.listdir(os.path.join(REPO, "graphs")))
+             if f.removesuffix(".yaml") not in named
+             and not any(s.endswith(f) for s in named)]
+    assert not unrun, f"no test runs {unrun}"
 
 
 def test_an_absent_input_is_an_error_unless_noted_and_the_note_ends_with_the_block():
