@@ -73,6 +73,18 @@ def assert_accounting(run: LiveRun) -> None:
         assert inserted == produced, (inserted, produced)
 
 
+def assert_smoke_run(run: LiveRun, own_metrics: set[str]) -> list[dict]:
+    """A short run of a reference graph finished cleanly, lost nothing, evaluated, and its
+    algorithm's own figures (``own_metrics``) reached the learner's metrics; returns them."""
+    assert run.finish(600) == 0, run.stderr
+    assert_accounting(run)
+    metrics = run.metrics()
+    assert any("eval/return" in m for m in metrics), "no evaluation came back"
+    seen = {k for m in metrics for k in m}
+    assert own_metrics <= seen, sorted(seen)
+    return metrics
+
+
 @pytest.mark.timeout(1200)
 def test_dqn_cartpole_reaches_475_through_the_graph(dqn_cartpole_learned):
     run, hit = dqn_cartpole_learned
