@@ -1,4 +1,5 @@
-"""The OAC, QR-SAC, TAAC and PPG graphs through the real multi-process pipeline.
+"""The OAC, QR-SAC, TAAC and PPG graphs (and SAC's on BipedalWalker, TAAC's baseline) through
+the real multi-process pipeline.
 
 CI runs each reference graph for a short budget (the smoke runs): every node starts, the
 algorithm's rollout info crosses unroller, replay and learner, the learner trains (PPG: an
@@ -34,6 +35,7 @@ SHORT_OFF_POLICY = (
 SMOKE = {
     "oac_halfcheetah": SHORT_OFF_POLICY,
     "qrsac_halfcheetah": SHORT_OFF_POLICY,
+    "sac_bipedalwalker": SHORT_OFF_POLICY,
     # Later settings win: smaller batches of windows and a shorter run for TAAC's costly update.
     "taac_bipedalwalker": (*SHORT_OFF_POLICY, "nodes.learner.config.mini_batch_size=64",
                            "nodes.learner.config.num_env_steps=1500"),
@@ -50,6 +52,7 @@ SMOKE = {
 # What only that algorithm's update reports: its own loss reached the learner's metrics.
 OWN_METRICS = {"oac_halfcheetah": {"loss/critic", "alpha"},
                "qrsac_halfcheetah": {"loss/critic", "alpha"},
+               "sac_bipedalwalker": {"loss/critic", "alpha"},
                "taac_bipedalwalker": {"entropy/switch", "switch_prob", "alpha/switch"},
                "ppg_minatar": {"aux/kl", "aux/aux_value", "loss/pg"}}
 
