@@ -25,7 +25,7 @@ import torch
 
 from algorithms.base import _scalars
 from algorithms.config_async import AppoConfig
-from algorithms.data import Experience, TrainResult
+from algorithms.data import Experience
 from algorithms.ppo import PPOAlgorithm
 from algorithms.vtrace_common import (
     unroll_outputs,
@@ -58,7 +58,7 @@ class AppoAlgorithm(PPOAlgorithm):
             targets = {**targets, "log_prob": current.log_prob[:-1]}
         return super()._mini_batches(exp, keep, targets)
 
-    def train_on(self, experience: Experience, importance_weights=None) -> TrainResult:
-        result = super().train_on(experience, importance_weights)
+    def train_in_stages(self, experience: Experience, importance_weights=None):
+        result = yield from super().train_in_stages(experience, importance_weights)
         result.metrics.update(_scalars(self._lag_metrics))
         return result

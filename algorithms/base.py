@@ -15,13 +15,15 @@ How the pieces are driven (one process or many)::
     alg.load_policy_state_dict(params); alg.predict_step(time_step, state).output
 
 ``train_on`` is ``train_step -> calc_loss -> update_with_gradient -> after_update``; an
-algorithm may override it (PPO runs several epochs of mini-batches).
+algorithm may override it (PPO runs several epochs of mini-batches). ``train_in_stages`` is
+the same update as a generator that pauses between stages (PPO's epochs), so a learner can
+publish the parameters as they are mid-batch (:func:`train_staged` drives it to the end).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -43,6 +45,15 @@ from algorithms.losses import importance_weighted_mean
 from algorithms.optim import Optimizers
 from algorithms.policy_pack import PolicyPack
 from algorithms.precision import TrainingPrecision
+
+
+def train_staged(stages: Generator[None, None, TrainResult]) -> TrainResult:
+    """Run :meth:`RLAlgorithm.train_in_stages` to the end; its result."""
+    while True:
+        try:
+            next(stages)
+        except StopIteration as done:
+            return done.value
 
 
 class RLAlgorithm(nn.Module):
@@ -278,6 +289,14 @@ class RLAlgorithm(nn.Module):
         on-policy ones); returns scalar metrics and per-sample priorities ``[B]`` or None."""
         return self._update(self._experience(experience),
                             self._importance_weights(importance_weights))
+
+    def train_in_stages(self, experience: Experience, importance_weights=None
+                        ) -> Generator[None, None, TrainResult]:
+        """:meth:`train_on` as a generator that yields between the update's stages, each time
+        the network is a consistent mid-batch policy, and returns the result. One stage (no
+        yield) unless the algorithm has several: PPO's epochs."""
+        return self.train_on(experience, importance_weights)
+        yield  # noqa: B901 - makes this a generator that yields nothing
 
     def train_on_mini_batches(self, experience: Experience, mini_batch_size: int,
                               importance_weights: torch.Tensor | None = None

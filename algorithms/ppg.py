@@ -79,10 +79,10 @@ class PpgAlgorithm(PPOAlgorithm):
         self._last_experience = super()._experience(exp)
         return self._last_experience
 
-    def train_on(self, experience: Experience, importance_weights=None) -> TrainResult:
+    def train_in_stages(self, experience: Experience, importance_weights=None):
         """PPO's update of the unroll ``[T, B]``; its valid rows and value targets are
         stored, and every ``aux_interval``-th call ends with the auxiliary phase."""
-        result = super().train_on(experience, importance_weights)
+        result = yield from super().train_in_stages(experience, importance_weights)
         exp, self._last_experience = self._last_experience, None
         value = exp.rollout_info["value"]
         _, returns = advantages_and_returns(exp.step_type, exp.reward, exp.discount, value,

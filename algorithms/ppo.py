@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from algorithms.base import RLAlgorithm, _scalars
+from algorithms.base import RLAlgorithm, _scalars, train_staged
 from algorithms.config_core import PpoConfig
 from algorithms.data import AlgStep, Experience, LossInfo, StepType, TimeStep, TrainResult
 from algorithms.losses import PPOLoss, advantages_and_returns
@@ -265,6 +265,10 @@ class PPOAlgorithm(RLAlgorithm):
 
     def train_on(self, experience: Experience, importance_weights=None) -> TrainResult:
         """``experience``: time-major unroll ``[T, B]``; trains on rows ``0..T-2``."""
+        return train_staged(self.train_in_stages(experience, importance_weights))
+
+    def train_in_stages(self, experience: Experience, importance_weights=None):
+        """:meth:`train_on` pausing after every epoch but the last (see the base class)."""
         exp = self._experience(experience)
         info = exp.rollout_info
         adv, ret = advantages_and_returns(exp.step_type, exp.reward, exp.discount,
@@ -280,7 +284,9 @@ class PPOAlgorithm(RLAlgorithm):
         # metric and mini-batch.
         sums: dict[str, torch.Tensor] = {}
         count = 0
-        for _ in range(self.num_epochs):
+        for e in range(self.num_epochs):
+            if e:
+                yield  # between epochs: the network is the policy after e of them
             for mb in epoch():
                 with self.training_precision():
                     loss_info = self.calc_loss(step(mb))

@@ -29,7 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
+_JIT = ["nodes.learner.config.publish_between_epochs=true", "nodes.unroller.config.just_in_time=true"]
 # No-V-trace APPO: the same graph with the correction off (plain GAE on the lagged data).
 VARIANTS = {"appo_minatar_novtrace": ("appo_minatar", ["agent.algorithm.vtrace=false"]),
             # Decoupled PPO: the clip against the learner's network, not the behaviour's.
@@ -57,6 +60,18 @@ VARIANTS = {"appo_minatar_novtrace": ("appo_minatar", ["agent.algorithm.vtrace=f
             # of 2 cores idle (cores_busy ~1.0).
             "ppo_minatar_threads2": ("ppo_minatar", ["nodes.learner.config.num_threads=2"]),
             "appo_minatar_threads2": ("appo_minatar", ["nodes.learner.config.num_threads=2"]),
+            # Shorter unrolls: a version is fewer gradient steps (32 / 16 of 256 samples against
+            # the graph's 64), so one version of lag leaves the behaviour policy nearer.
+            "appo_minatar_unroll32": ("appo_minatar", ["nodes.unroller.config.unroll_length=32"]),
+            "appo_minatar_unroll16": ("appo_minatar", ["nodes.unroller.config.unroll_length=16"]),
+            # Just in time: the learner publishes between its epochs, and the unroller starts
+            # each unroll about one unroll's time before the learner's batch ends, with them.
+            "appo_minatar_jit": ("appo_minatar", [*_JIT]),
+            # Lock-step PPO with APPO's clip: is a gain the asynchrony's or the clip's?
+            "ppo_minatar_clip03": ("ppo_minatar", ["agent.algorithm.importance_ratio_clipping=0.3"]),
+            # ... and with PPO's clip: the graph's 0.3 gives room for a lag of a whole batch.
+            "appo_minatar_jit_clip02": ("appo_minatar", [
+                *_JIT, "agent.algorithm.importance_ratio_clipping=0.2"]),
             # PPG's auxiliary phase: the graph's (N_pi 2, E_aux 2 since 2026-11-29) against
             # the settings tried before it (N_pi unrolls of 2,048 env steps, E_aux epochs),
             # and fewer policy-phase epochs (the paper's E_pi is 1).
@@ -126,6 +141,25 @@ def _run_counting_cpu(cmd: list[str]) -> tuple[int, float]:
     return proc.returncode, usage.ru_utime + usage.ru_stime
 
 
+def ratio_interval(ours: list[dict], ref: list[dict], key: str, draws: int = 10_000,
+                   level: float = 0.9) -> list[float] | None:
+    """How far the ratio of medians (ours / ref) moves with the seeds drawn: a bootstrap
+    interval (``level``) over the seeds both graphs ran, resampled with replacement. Where it
+    is wide, a target ratio inside it cannot be told met or missed with this many seeds. A run
+    that never reached the threshold counts as its whole length (a lower bound)."""
+    def by_seed(rows):
+        return {r["seed"]: r[key] if r["reached"] else r[f"total_{key}"] for r in rows}
+
+    a, b = by_seed(ours), by_seed(ref)
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) < 3:
+        return None
+    x, y = np.array([a[s] for s in seeds], float), np.array([b[s] for s in seeds], float)
+    picks = np.random.default_rng(0).integers(0, len(seeds), (draws, len(seeds)))
+    ratios = np.median(x[picks], axis=1) / np.median(y[picks], axis=1)
+    return [round(float(q), 2) for q in np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])]
+
+
 def _median(values: list) -> float | None:
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
@@ -144,11 +178,18 @@ def main(argv=None) -> int:
                          "the threshold' a multiple of it)")
     ap.add_argument("--parallel", type=int, default=1, help="runs at a time, each pinned")
     ap.add_argument("--cores-per-run", type=int, default=2)
+    ap.add_argument("--read", nargs="+", type=Path, metavar="LOG",
+                    help="summarize the per-run lines of earlier runs' output instead (the "
+                         "first of --graphs is the reference)")
     args = ap.parse_args(argv)
     jobs = [(graph, seed) for seed in (int(s) for s in args.seeds.split(","))
             for graph in args.graphs]
     results = []
-    if args.parallel <= 1:
+    if args.read:
+        results = [json.loads(line) for log in args.read for line in log.read_text().splitlines()
+                   if line.startswith('{"graph"')]
+        results = [r for r in results if r["graph"] in args.graphs]
+    elif args.parallel <= 1:
         for graph, seed in jobs:
             results.append(run(graph, seed, args.threshold, args.budget, None, args.timeout,
                                args.eval_interval))
@@ -178,18 +219,22 @@ def main(argv=None) -> int:
                           "median_env_steps": _median([r["env_steps"] for r in mine]),
                           "median_seconds": _median([r["seconds"] for r in mine]),
                           "median_lag_mean": _median([r["lag_mean"] or None for r in mine]),
-                          "median_cores_busy": _median([r["cores_busy"] for r in mine])}
+                          "median_cores_busy": _median([r.get("cores_busy") for r in mine])}
     base = summary.get(args.graphs[0], {})
     for graph, s in summary.items():
         for key in ("env_steps", "seconds"):
             ours, ref = s[f"median_{key}"], base.get(f"median_{key}")
             s[f"{key}_ratio_to_{args.graphs[0]}"] = (round(ours / ref, 3) if ours and ref
                                                      else None)
+            s[f"{key}_ratio_90pct"] = ratio_interval(
+                [r for r in results if r["graph"] == graph],
+                [r for r in results if r["graph"] == args.graphs[0]], key)
         print(f"{graph:24s} reached {s['reached']}/{s['runs']}  median env steps "
               f"{s['median_env_steps']}  median seconds {s['median_seconds']}  "
-              f"env-step ratio {s[f'env_steps_ratio_to_{args.graphs[0]}']}  wall-clock ratio "
-              f"{s[f'seconds_ratio_to_{args.graphs[0]}']}  lag {s['median_lag_mean']}  "
-              f"cores busy {s['median_cores_busy']}")
+              f"env-step ratio {s[f'env_steps_ratio_to_{args.graphs[0]}']} "
+              f"{s['env_steps_ratio_90pct']}  wall-clock ratio "
+              f"{s[f'seconds_ratio_to_{args.graphs[0]}']} {s['seconds_ratio_90pct']}  "
+              f"lag {s['median_lag_mean']}  cores busy {s['median_cores_busy']}")
     print(json.dumps({"threshold": args.threshold, "summary": summary}))
     return 0
 

@@ -6,6 +6,8 @@ training episode return at equal env steps.
     python bench/async_peer.py                    # 240 s each, Conduit then Sample Factory
     python bench/async_peer.py --window 600 --rounds 2
     python bench/async_peer.py --curve 1000000 --window 9000   # both at once: return curves
+    python bench/async_peer.py --curve 1000000 --stop-at 500000 --seed 1 --out runs/curve_s1
+    python bench/async_peer.py --median runs/curve_s0 runs/curve_s1 runs/curve_s2
 
 Both sides: 16 Breakout environments (Conduit: 2 runners x 8 ale-py envs; Sample Factory:
 ``--num_workers 2 --env_agents 8`` EnvPool envs), 4 stacked 84x84 frames, the Nature CNN,
@@ -65,16 +67,18 @@ PEER_TASK = ["agent.env_kwargs.repeat_action_probability=0"]
 
 
 def run_conduit(window: float, warmup: float, env_steps: int = 100_000_000,
-                keep: Path | None = None, settings: tuple[str, ...] = ()) -> dict:
-    """``graphs/appo_atari.yaml`` for ``window`` seconds or ``env_steps``, whichever comes
-    first, with ``settings`` (``KEY=VALUE``, as ``run.py --set``) last; its run directory is
-    kept at ``keep`` (a temporary one otherwise)."""
+                keep: Path | None = None, settings: tuple[str, ...] = (), seed: int = 0,
+                stop_at: int | None = None) -> dict:
+    """``graphs/appo_atari.yaml`` for ``window`` seconds or ``stop_at`` env steps (by default
+    ``env_steps``, the budget its learning rate decays over), whichever comes first, with
+    ``settings`` (``KEY=VALUE``, as ``run.py --set``) last; its run directory is kept at
+    ``keep`` (a temporary one otherwise)."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = str(keep or Path(tmp) / "run")
         cmd = [sys.executable, str(ROOT / "run.py"), "run", str(ROOT / "graphs/appo_atari.yaml"),
-               "--run-dir", run_dir, "--quiet", "--set", f"run.duration_s={window}",
-               "--set", "run.on_duration=stop",
-               "--set", f"nodes.learner.config.num_env_steps={env_steps}",
+               "--run-dir", run_dir, "--quiet", "--seed", str(seed),
+               "--set", f"run.duration_s={window}", "--set", "run.on_duration=stop",
+               "--set", f"nodes.learner.config.num_env_steps={stop_at or env_steps}",
                "--set", "nodes.learner.config.metrics_interval_s=2",
                "--set", "nodes.evaluator.config.eval_interval=100000000"]
         for setting in PEER_TASK:
@@ -121,15 +125,17 @@ def conduit_figures(run_dir: Path, warmup: float, t0: float | None = None) -> di
 
 
 def run_sample_factory(window: float, warmup: float, vtrace: bool,
-                       env_steps: int = 100_000_000, log: Path | None = None) -> dict:
-    """Sample Factory's Atari APPO for ``window`` seconds or ``env_steps`` (agent steps: its
-    frame budget is 4x that), whichever comes first; its log is copied to ``log``."""
+                       env_steps: int = 100_000_000, log: Path | None = None, seed: int = 0,
+                       stop_at: int | None = None) -> dict:
+    """Sample Factory's Atari APPO for ``window`` seconds or ``stop_at`` env steps (agent
+    steps; by default ``env_steps``, the budget its learning rate decays over: its frame budget
+    is 4x that), whichever comes first; its log is copied to ``log``."""
     if not SF_PYTHON.exists():
         raise SystemExit(f"{SF_PYTHON} is missing: bash bench/peers/setup_sample_factory.sh")
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [str(SF_PYTHON), "-m", "sf_examples.envpool.atari.train_envpool_atari",
                "--env=atari_breakout", "--experiment=bench", f"--train_dir={tmp}",
-               "--device=cpu", "--num_workers=2", "--env_agents=8", "--seed=0",
+               "--device=cpu", "--num_workers=2", "--env_agents=8", f"--seed={seed}",
                f"--with_vtrace={vtrace}", "--save_every_sec=100000",
                f"--train_for_env_steps={env_steps * FRAMESKIP}",
                "--keep_checkpoints=1", "--experiment_summaries_interval=2"]
@@ -142,7 +148,9 @@ def run_sample_factory(window: float, warmup: float, vtrace: bool,
         try:
             for line in proc.stdout:
                 lines.append(line)
-                if time.time() - t0 > window:
+                frames = _SF_FRAMES.search(_ANSI.sub("", line))
+                if time.time() - t0 > window or (
+                        stop_at and frames and int(frames.group(1)) >= stop_at * FRAMESKIP):
                     break
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -203,10 +211,11 @@ def curves(args) -> int:
         log = args.out / "sample_factory.log"
         with ThreadPoolExecutor(2) as pool:
             ours = pool.submit(run_conduit, args.window, args.warmup, args.curve,
-                               args.out / "conduit", tuple(args.conduit_set)) \
-                if "conduit" in args.sides else None
+                               args.out / "conduit", tuple(args.conduit_set), args.seed,
+                               args.stop_at) if "conduit" in args.sides else None
             peer = pool.submit(run_sample_factory, args.window, args.warmup, args.peer_vtrace,
-                               args.curve, log) if "peer" in args.sides else None
+                               args.curve, log, args.seed, args.stop_at) \
+                if "peer" in args.sides else None
             # Both waited for before the other side's finished run is read.
             ours, peer = ours and ours.result(), peer and peer.result()
         ours = ours or conduit_figures(args.out / "conduit", args.warmup)
@@ -233,6 +242,31 @@ def curves(args) -> int:
     return 0
 
 
+def medians(out_dirs: list[Path], width: int, warmup: float) -> int:
+    """Per bin, each side's median over the pairs in ``out_dirs`` that reached it (the
+    seeds' curves: the claim "no worse at equal env steps" is about their medians)."""
+    ours, peers = [], []
+    for out in out_dirs:
+        ours.append(binned(conduit_figures(out / "conduit", warmup)["returns"], width))
+        log = (out / "sample_factory.log").read_text().splitlines(True)
+        peers.append(binned(sample_factory_figures(log, warmup)["returns"], width))
+    print(f"median training return per life over {len(out_dirs)} pairs "
+          f"({', '.join(map(str, out_dirs))}), per bin of {width} env steps")
+    print(f"{'env steps':>10} {'conduit APPO':>24} {'Sample Factory':>24} {'ratio':>6}")
+    table = {}
+    for end in sorted(set().union(*ours, *peers)):
+        a = [c[end] for c in ours if end in c]
+        b = [c[end] for c in peers if end in c]
+        x, y = (statistics.median(v) if v else None for v in (a, b))
+        table[end] = {"conduit": a, "sample_factory": b, "ratio": x / y if x and y else None}
+        ratio = f"{x / y:.2f}" if x is not None and y else "-"
+        cell = [f"{m:.2f} ({len(v)}: {' / '.join(f'{r:.2f}' for r in v)})" if v else "-"
+                for m, v in ((x, a), (y, b))]
+        print(f"{end:>10} {cell[0]:>24} {cell[1]:>24} {ratio:>6}")
+    print(json.dumps({"bin": width, "pairs": [str(d) for d in out_dirs], "bins": table}))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--window", type=float, default=240.0, help="seconds each side runs")
@@ -252,7 +286,16 @@ def main(argv=None) -> int:
                     help="a graph setting for Conduit's side (run.py --set; repeatable)")
     ap.add_argument("--read", nargs=2, metavar=("CONDUIT_RUN_DIR", "SAMPLE_FACTORY_LOG"),
                     help="--curve's table from a finished pair instead of running one")
+    ap.add_argument("--seed", type=int, default=0, help="both sides' seed")
+    ap.add_argument("--stop-at", type=int, metavar="ENV_STEPS",
+                    help="--curve: stop both sides there, their learning rates still decaying "
+                         "over --curve's budget (a shorter run on the same schedule)")
+    ap.add_argument("--median", nargs="+", type=Path, metavar="OUT_DIR",
+                    help="the median over finished --curve pairs (each an --out directory: "
+                         "conduit/ and sample_factory.log), bin by bin")
     args = ap.parse_args(argv)
+    if args.median:
+        return medians(args.median, args.bin, args.warmup)
     if args.curve or args.read:
         return curves(args)
     ours, peers = [], []

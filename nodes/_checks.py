@@ -108,6 +108,29 @@ def replay_shards_are_partitioned(graph) -> None:
 
 
 @register_graph_check
+def just_in_time_knows_when_the_learner_starts_and_ends(graph) -> None:
+    """A just-in-time unroller holds each unroll from the moment the learner took the last one
+    (``max_queued_unrolls`` tells it) until shortly before the learner's batch ends (the
+    ``eta_s`` a learner publishing between epochs sends); without either it would hold at the
+    wrong moments or to each batch's end, at lock-step's pace with an asynchronous lag."""
+    for name in _nodes_of(graph, "unroller"):
+        config = graph.configs[name]
+        if not config.just_in_time:
+            continue
+        key = f"nodes.{name}.config.just_in_time"
+        if config.max_unrolls_per_version != 0 or config.max_queued_unrolls is None:
+            raise ConfigError(key, "needs an asynchronous unroller that starts each unroll "
+                              "once the learner took the last: max_unrolls_per_version: 0 "
+                              "and max_queued_unrolls set (it is "
+                              f"{config.max_unrolls_per_version} and "
+                              f"{'null' if config.max_queued_unrolls is None else 'set'})")
+        learners = _nodes_of(graph, "learner")
+        if learners and not any(graph.configs[n].publish_between_epochs for n in learners):
+            raise ConfigError(key, f"needs the learner's publish_between_epochs: true (learner "
+                              f"{learners[0]!r} publishes only at a batch's end)")
+
+
+@register_graph_check
 def queued_unrolls_are_counted_on_a_reliable_topic(graph) -> None:
     """An unroller's ``max_queued_unrolls`` watches the queue of its trajectories topic, which
     only a reliable topic has (a lossy one drops what waits instead)."""

@@ -8,7 +8,11 @@ version that only grows. How many updates per environment step is the replay sto
 limiter's business (``samples_per_insert``), as in Reverb.
 
 On-policy: it trains on each ``[T + 1, B]`` unroll from ``trajectories`` and publishes new
-parameters after every one. It measures each unroll's policy lag (versions and updates behind,
+parameters after every one. With ``publish_between_epochs`` it also publishes them between the
+epochs of a batch (PPO's, APPO's), each a version, with the seconds it expects the batch to go
+on for: a just-in-time unroller (its ``just_in_time``) starts its next unroll that long before
+the batch ends, with the freshest of them, so the unroll the learner takes next was acted by a
+policy an epoch old rather than a batch old. It measures each unroll's policy lag (versions and updates behind,
 ``lag/*`` metrics, ``policy_lag`` in the status; :mod:`nodes._lag`) and, with
 ``max_policy_lag``, drops and counts unrolls older than that. Lock-step graphs bound the lag
 upstream (the unroller's ``max_unrolls_per_version``); asynchronous ones (IMPALA, APPO) train on
@@ -36,7 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from algorithms.data import Experience, mini_batch_rows
+from algorithms.data import Experience, TrainResult, mini_batch_rows
 from algorithms.schema import REPLAY_EXTRAS
 from nodes._agent import Agent, agent_field
 from nodes._common import (
@@ -89,6 +93,10 @@ class Config:
         "doc": "mini-batches fetched by one sample request (fewer round trips for small "
                "updates; each is trained on in turn)", "minimum": 1})
     metrics_interval_s: float = field(default=5.0, metadata={"doc": "metrics period"})
+    publish_between_epochs: bool = field(default=False, metadata={
+        "doc": "on-policy: publish the parameters between a batch's epochs too (each a "
+               "version: lag in versions then counts epochs), with the batch's time left, for "
+               "a just_in_time unroller"})
     max_policy_lag: int | None = field(default=None, metadata={
         "doc": "on-policy: drop (and count) unrolls collected by a policy more than this many "
                "parameter versions old (null = train on every unroll)", "minimum": 0})
@@ -151,11 +159,13 @@ class Learner:
         # Where the learner's time goes between reports: training vs waiting for data.
         self._train_s = 0.0
         self._wait_s = 0.0
+        self._batch_s: float | None = None  # a batch's training time, smoothed (eta_s)
 
-    async def publish_params(self) -> None:
+    async def publish_params(self, eta_s: float | None = None) -> None:
         self.lag.on_publish(self.version, self.iteration)
+        batch_s = self._batch_s if self.config.publish_between_epochs else None
         await self.params.send(Params(self.version, self.env_steps,
-                                      self.alg.policy_params(), self.epoch))
+                                      self.alg.policy_params(), self.epoch, eta_s, batch_s))
         self.probe.record(self.alg, self.version)
         self.node.status.update(version=self.version, epoch=str(self.epoch))  # not a figure to show
 
@@ -342,11 +352,42 @@ class Learner:
             if not self.admit(msg, envelope.sender):
                 continue
             started = time.perf_counter()
-            result = self.alg.train_on(self.experience(msg.experience, envelope.sender))
-            self._train_s += time.perf_counter() - started
+            exp = self.experience(msg.experience, envelope.sender)
+            cancelled = False
+            if self.config.publish_between_epochs:
+                result, cancelled = await self._train_publishing_epochs(exp, started)
+            else:
+                result = self.alg.train_on(exp)
+            took = time.perf_counter() - started
+            self._train_s += took
+            self._batch_s = took if self._batch_s is None else 0.7 * self._batch_s + 0.3 * took
             await self.after_update(result.metrics)
+            if cancelled:  # a stop or a handover came mid-batch: the batch is whole first
+                raise asyncio.CancelledError
             if self.env_steps >= self.config.num_env_steps:
                 return
+
+    async def _train_publishing_epochs(self, exp: Experience, started: float
+                                       ) -> tuple[TrainResult, bool]:
+        """``train_on`` with the parameters published between its epochs (each a version,
+        with the seconds the batch is expected to go on for); ``(result, cancelled)``. A
+        cancellation at a publish is held until the batch is trained whole, as it would be
+        with ``train_on``: no state is handed over or checkpointed mid-batch."""
+        stages, cancelled = self.alg.train_in_stages(exp), False
+        while True:
+            try:
+                next(stages)
+            except StopIteration as done:
+                return done.value, cancelled
+            if cancelled:
+                continue
+            elapsed = time.perf_counter() - started
+            self.version += 1
+            try:
+                await self.publish_params(
+                    eta_s=max(self._batch_s - elapsed, 0.0) if self._batch_s else 0.0)
+            except asyncio.CancelledError:
+                cancelled = True
 
 
 async def run(config: Config, node, ready) -> dict:

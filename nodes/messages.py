@@ -110,6 +110,13 @@ class Params(Message):
     env_steps: int
     params: dict
     epoch: int = 0
+    # Published between the epochs of an on-policy batch (the learner's
+    # ``publish_between_epochs``): the seconds the learner expects its batch to go on for,
+    # which a just-in-time unroller starts its next unroll by. None: a batch's end (or not said).
+    eta_s: float | None = None
+    # The same learner's batches' training time, smoothed (None: not measured, or not said):
+    # how long a just-in-time unroller expects the batch the learner just took to last.
+    batch_s: float | None = None
 
     def newer_than(self, epoch: int, version: int) -> bool:
         return (self.epoch, self.version) > (epoch, version)

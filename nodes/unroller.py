@@ -12,6 +12,11 @@ runner's actions, and publishes what was collected:
   ``max_unrolls_per_version`` unrolls collected with one parameter version it waits for a newer
   one. Asynchronous (IMPALA, APPO): ``max_unrolls_per_version: 0`` never waits; the runners
   keep stepping with whatever parameters are newest while the learner trains.
+  ``just_in_time`` (with a learner that has ``publish_between_epochs``): an unroll starts not
+  as soon as the learner took the last one but about one unroll's time before the learner
+  expects to finish training on it, with the parameters it published between its epochs, so
+  the behaviour policy is an epoch behind the learner's network instead of a whole batch,
+  while the runner still steps as the learner trains.
 
 A recurrent policy's state (PPO's ``rnn_size``) is kept here per environment, by runner and
 env id, and goes out with each step in ``rollout_info.state``, which training starts from.
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,6 +78,11 @@ class Config:
                "last one: it trains on unrolls about one version old, where a full queue "
                "makes them two; null = collect regardless, bounded by the topic's hwm)",
         "minimum": 0})
+    just_in_time: bool = field(default=False, metadata={
+        "doc": "asynchronous on-policy: start each unroll about one unroll's time before the "
+               "learner expects to finish its batch (the eta_s of the parameters a learner with "
+               "publish_between_epochs sends), with the freshest parameters, instead of as "
+               "soon as it may"})
     max_batch_requests: int = field(default=64, metadata={"doc": "requests batched at most"})
     seed: int = field(default=0, metadata={"doc": "torch seed of the rollout policy"})
     params_timeout_s: float = field(default=300.0, metadata={"doc": "wait for parameters"})
@@ -112,6 +123,16 @@ class Unroller:
         self.epoch = -1  # of the learner whose parameters we act with
         self.env_steps = 0
         self.unrolls_at_version = 0
+        self.eta_s: float | None = None  # the newest parameters' (Params.eta_s)
+        # Just in time: how long an unroll takes to collect (smoothed), and when each group's
+        # current one started.
+        self.unroll_s = 0.0
+        self.unroll_started: dict[tuple[str, int], float] = {}
+        # The learner's batch: how long one takes to train (Params.batch_s) and when the last
+        # one began (the gate: the learner took the last unroll).
+        self.batch_s = 0.0
+        self.gate_at = 0.0
+        self.sent_env_steps = 0  # the env steps the last unroll sent went out with
         # On-policy rows per env group: (runner, env_offset), as a runner with env_groups
         # sends each group's steps apart and each group's unroll must hold its own envs.
         self.rows: dict[tuple[str, int], list[dict]] = {}
@@ -131,14 +152,25 @@ class Unroller:
         self.check_rows = FirstBatchCheck(experience_schema(config.agent), 1,
                                           f"{node.info.instance}: experience")
 
-    def load_params(self, envelope) -> None:
+    def load_params(self, envelope) -> bool:
+        """Take the parameters if newer; whether they were."""
         msg = envelope.message
-        if msg.newer_than(self.epoch, self.version):
-            self.alg.load_policy_state_dict(msg.params)
-            self.epoch, self.version = msg.epoch, msg.version
-            self.unrolls_at_version = 0
-            self.node.status.update(version=self.version, epoch=str(self.epoch))  # not a figure to show
-            self.probe.record(self.alg, self.version)
+        if not msg.newer_than(self.epoch, self.version):
+            return False
+        self.alg.load_policy_state_dict(msg.params)
+        self.epoch, self.version = msg.epoch, msg.version
+        self.eta_s = msg.eta_s
+        self.batch_s = msg.batch_s or 0.0
+        self.unrolls_at_version = 0
+        self.node.status.update(version=self.version, epoch=str(self.epoch))  # not a figure to show
+        self.probe.record(self.alg, self.version)
+        return True
+
+    def of_current_batch(self, msg) -> bool:
+        """Whether parameters come from the learner's batch on the last unroll sent, or
+        after it: the learner's env steps count that unroll's from when it took it (those of
+        the batch before, still on their way at the gate, count fewer)."""
+        return msg.env_steps >= self.sent_env_steps
 
     async def wait_for_params(self) -> None:
         """Wait for parameters newer than those we have; raise Stopping if the run ends."""
@@ -154,6 +186,32 @@ class Unroller:
                 raise Stopping
             self.load_params(envelope)
 
+    async def hold_until_due(self) -> None:
+        """Just in time: the learner has just taken the last unroll (``max_queued_unrolls``)
+        and trains on it for about ``batch_s`` (the learner's own smoothed figure); hold this
+        one until about ``unroll_s`` before that batch ends, taking the parameters the learner
+        publishes between epochs meanwhile, so the unroll is acted by the freshest policy
+        that still keeps the learner busy. Each of those carries the seconds the batch has
+        left (``eta_s``), which moves the end of the hold; the batch's final parameters (no
+        ``eta_s``) end it at once. Parameters of the batch before, which may still be on
+        their way at the gate, are taken but move nothing (:meth:`of_current_batch`). No hold
+        before the learner has timed a batch, nor when collecting takes longer than one."""
+        self.refresh_params()
+        due = self.gate_at + self.batch_s - self.unroll_s
+        while (now := time.monotonic()) < due:
+            try:
+                envelope = await self.node.wait_or_stop(self.params.recv(), timeout=due - now)
+            except TimeoutError:
+                return
+            if envelope is None:
+                raise Stopping
+            msg = envelope.message
+            if not self.load_params(envelope) or not self.of_current_batch(msg):
+                continue
+            if msg.eta_s is None:
+                return  # the learner finished its batch: collect now
+            due = time.monotonic() + msg.eta_s - self.unroll_s
+
     def refresh_params(self) -> None:
         if self.params is None:
             return
@@ -166,11 +224,18 @@ class Unroller:
         if self.on_policy and bound and self.unrolls_at_version >= bound:
             await self.wait_for_params()
         steps = [r.message for r in requests]
-        if self.on_policy and self.config.max_queued_unrolls is not None and any(
-                len(self.rows.get((s.runner, s.env_offset), ())) <= 1 for s in steps):
-            # An unroll starts: collect it once the learner can take it soon, with the
-            # parameters it published meanwhile (refreshed below), not ahead of a full queue.
-            await self.output.wait_for_backlog(self.config.max_queued_unrolls)
+        starting = [(s.runner, s.env_offset) for s in steps
+                    if len(self.rows.get((s.runner, s.env_offset), ())) <= 1]
+        if self.on_policy and starting:
+            if self.config.max_queued_unrolls is not None:
+                # An unroll starts: collect it once the learner can take it soon, with the
+                # parameters it published meanwhile (refreshed below), not ahead of a full queue.
+                await self.output.wait_for_backlog(self.config.max_queued_unrolls)
+            if self.config.just_in_time:
+                self.gate_at = time.monotonic()
+                await self.hold_until_due()
+            now = time.monotonic()
+            self.unroll_started.update((group, now) for group in starting)
         self.refresh_params()
         sizes = [len(s.time_step["step_type"]) for s in steps]
         ts = _batched_time_step(steps)
@@ -231,6 +296,10 @@ class Unroller:
             unroll = {k: np.stack([r[k] for r in rows]) for k in row}
             await self.output.send(Trajectory(unroll, self.version, self.env_steps,
                                               list(versions)))
+            self.sent_env_steps = self.env_steps
+            if group in self.unroll_started:
+                took = time.monotonic() - self.unroll_started.pop(group)
+                self.unroll_s = 0.7 * self.unroll_s + 0.3 * took if self.unroll_s else took
             self.unrolls_at_version += 1
             self.rows[group] = [row]  # the bootstrap row starts the next unroll
             self.row_versions[group] = [versions[-1]]

@@ -2,6 +2,7 @@
 
 import copy
 import io
+import itertools
 
 import gymnasium as gym
 import numpy as np
@@ -119,6 +120,40 @@ def test_metrics_read_later_are_those_of_their_update(name, obs_space, act_space
     for _ in range(3):
         twin.train_on(batch)
     assert dict(late.metrics) == eager
+
+
+@pytest.mark.parametrize("name,obs_space,act_space", CASES, ids=IDS)
+def test_staged_update_is_train_on_with_a_policy_between_stages(name, obs_space, act_space):
+    """``train_in_stages`` (what a learner publishing between epochs drives) is ``train_on``
+    to the bit, with the same metrics; it pauses ``num_epochs - 1`` times where the update has
+    epochs (once per epoch boundary, never mid-epoch), and the policy at each pause is one a
+    runner can load (the update's parameters moved since the pause before)."""
+    alg = algorithms.make(SMALL[name], obs_space, act_space)
+    batch = _batch(alg, obs_space, act_space)
+    twin = copy.deepcopy(alg)
+    torch.manual_seed(5)
+    whole = dict(alg.train_on(batch).metrics)
+    torch.manual_seed(5)
+    stages, pauses, policies = twin.train_in_stages(batch), 0, [twin.policy_params()]
+    while True:
+        try:
+            next(stages)
+        except StopIteration as done:
+            staged = dict(done.value.metrics)
+            break
+        pauses += 1
+        policies.append(copy.deepcopy(twin.policy_params()))
+    assert staged == whole
+    for (k, a), (_, b) in zip(alg.state_dict().items(), twin.state_dict().items(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
+    epochs = getattr(SMALL[name], "num_epochs", 1) if alg.on_policy else 1
+    assert pauses == epochs - 1
+    policies.append(twin.policy_params())
+    loader = algorithms.make(SMALL[name], obs_space, act_space)
+    for before, after in itertools.pairwise(policies):
+        loader.load_policy_state_dict(after)
+        assert any(not torch.equal(before[k], after[k]) for k in after if k != "layout"), \
+            "the policy did not move between two pauses"
 
 
 @pytest.mark.parametrize("name,obs_space,act_space", CASES, ids=IDS)

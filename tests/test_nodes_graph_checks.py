@@ -76,6 +76,18 @@ def test_queued_unrolls_are_counted_only_on_a_reliable_topic(tmp_path):
     graphlib.load(PPO, ["nodes.unroller.config.max_queued_unrolls=0"])  # reliable: fine
 
 
+def test_just_in_time_needs_the_gate_and_the_learners_estimates():
+    jit = ["nodes.unroller.config.just_in_time=true"]
+    assert "nodes.unroller.config.just_in_time: needs an asynchronous unroller that starts " \
+           "each unroll once the learner took the last: max_unrolls_per_version: 0 and " \
+           "max_queued_unrolls set (it is 1 and null)" in error(PPO, *jit)
+    gate = ["nodes.unroller.config.max_unrolls_per_version=0",
+            "nodes.unroller.config.max_queued_unrolls=0"]
+    assert "nodes.unroller.config.just_in_time: needs the learner's publish_between_epochs: " \
+           "true (learner 'learner' publishes only at a batch's end)" in error(PPO, *jit, *gate)
+    graphlib.load(PPO, [*jit, *gate, "nodes.learner.config.publish_between_epochs=true"])
+
+
 def test_prioritized_learner_needs_prioritized_replay(tmp_path):
     # The learner publishes priorities and the replay store takes them by default (their
     # kinds declare both ports); only the flags disagree.

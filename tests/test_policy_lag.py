@@ -98,3 +98,22 @@ def test_an_unroll_started_only_once_the_last_was_taken_halves_the_lag(tmp_path)
     assert np.median(queued_means) >= 1.5  # the queue's extra unroll: the lag to remove
     assert np.median(fresh_means) <= 1.25
     assert max(_figures(fresh, "lag/versions_max")) <= 2
+
+
+def test_just_in_time_unrolls_are_acted_by_a_policy_an_epoch_old_not_a_batch(tmp_path):
+    """The learner publishes between its epochs (each a version, so lag counts epochs) with
+    the time its batch has left; a just-in-time unroller starts each unroll about one
+    unroll's time before the batch ends, with the freshest of those parameters. Learner-bound
+    here (64 gradient steps per 128-step unroll): without the hold the unroll is acted by the
+    policy of the batch before, about ``num_epochs`` (8) versions behind; with it, a few."""
+    sets = ("nodes.unroller.config.max_unrolls_per_version=0", "topics.trajectories.hwm=1",
+            "nodes.unroller.config.max_queued_unrolls=0", "agent.algorithm.num_epochs=8",
+            "agent.algorithm.mini_batch_size=16", "nodes.learner.config.publish_between_epochs=true")
+    eager = _run(tmp_path, "eager", *sets)
+    held = _run(tmp_path, "held", *sets, "nodes.unroller.config.just_in_time=true")
+    eager_means = _figures(eager, "lag/versions_mean")
+    held_means = _figures(held, "lag/versions_mean")
+    assert eager_means and held_means, "no lag figures in the learner's metrics"
+    assert np.median(eager_means) >= 6, eager_means  # a batch of 8 epochs behind
+    assert np.median(held_means) <= np.median(eager_means) / 2, (held_means, eager_means)
+    assert max(_figures(held, "lag/dropped_batches")) == 0
