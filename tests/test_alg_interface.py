@@ -106,15 +106,21 @@ def test_train_on_returns_metrics_and_priorities(name, obs_space, act_space):
     assert changed, "no parameter changed"
 
 
-@pytest.mark.parametrize("name,obs_space,act_space", CASES, ids=IDS)
-def test_metrics_read_later_are_those_of_their_update(name, obs_space, act_space):
-    """Metrics are computed when first read: reading them after more updates must still give
-    that update's values (nothing they are computed from changed in place since)."""
+def _twin_after_one_update(name, obs_space, act_space):
+    """``(alg, twin, batch, metrics)``: an algorithm after one ``train_on`` (seed 5) of a batch,
+    with its twin as it was before, to repeat that update another way."""
     alg = algorithms.make(SMALL[name], obs_space, act_space)
     batch = _batch(alg, obs_space, act_space)
     twin = copy.deepcopy(alg)
     torch.manual_seed(5)
-    eager = dict(alg.train_on(batch).metrics)
+    return alg, twin, batch, dict(alg.train_on(batch).metrics)
+
+
+@pytest.mark.parametrize("name,obs_space,act_space", CASES, ids=IDS)
+def test_metrics_read_later_are_those_of_their_update(name, obs_space, act_space):
+    """Metrics are computed when first read: reading them after more updates must still give
+    that update's values (nothing they are computed from changed in place since)."""
+    alg, twin, batch, eager = _twin_after_one_update(name, obs_space, act_space)
     torch.manual_seed(5)
     late = twin.train_on(batch)
     for _ in range(3):
@@ -128,11 +134,7 @@ def test_staged_update_is_train_on_with_a_policy_between_stages(name, obs_space,
     to the bit, with the same metrics; it pauses ``num_epochs - 1`` times where the update has
     epochs (once per epoch boundary, never mid-epoch), and the policy at each pause is one a
     runner can load (the update's parameters moved since the pause before)."""
-    alg = algorithms.make(SMALL[name], obs_space, act_space)
-    batch = _batch(alg, obs_space, act_space)
-    twin = copy.deepcopy(alg)
-    torch.manual_seed(5)
-    whole = dict(alg.train_on(batch).metrics)
+    alg, twin, batch, whole = _twin_after_one_update(name, obs_space, act_space)
     torch.manual_seed(5)
     stages, pauses, policies = twin.train_in_stages(batch), 0, [twin.policy_params()]
     while True:
