@@ -123,15 +123,11 @@ class Unroller:
         self.epoch = -1  # of the learner whose parameters we act with
         self.env_steps = 0
         self.unrolls_at_version = 0
-        self.eta_s: float | None = None  # the newest parameters' (Params.eta_s)
         # Just in time: how long an unroll takes to collect (smoothed), and when each group's
         # current one started.
         self.unroll_s = 0.0
         self.unroll_started: dict[tuple[str, int], float] = {}
-        # The learner's batch: how long one takes to train (Params.batch_s) and when the last
-        # one began (the gate: the learner took the last unroll).
-        self.batch_s = 0.0
-        self.gate_at = 0.0
+        self.batch_s = 0.0  # how long the learner's batch takes to train (Params.batch_s)
         self.sent_env_steps = 0  # the env steps the last unroll sent went out with
         # On-policy rows per env group: (runner, env_offset), as a runner with env_groups
         # sends each group's steps apart and each group's unroll must hold its own envs.
@@ -159,7 +155,6 @@ class Unroller:
             return False
         self.alg.load_policy_state_dict(msg.params)
         self.epoch, self.version = msg.epoch, msg.version
-        self.eta_s = msg.eta_s
         self.batch_s = msg.batch_s or 0.0
         self.unrolls_at_version = 0
         self.node.status.update(version=self.version, epoch=str(self.epoch))  # not a figure to show
@@ -197,7 +192,7 @@ class Unroller:
         their way at the gate, are taken but move nothing (:meth:`of_current_batch`). No hold
         before the learner has timed a batch, nor when collecting takes longer than one."""
         self.refresh_params()
-        due = self.gate_at + self.batch_s - self.unroll_s
+        due = time.monotonic() + self.batch_s - self.unroll_s
         while (now := time.monotonic()) < due:
             try:
                 envelope = await self.node.wait_or_stop(self.params.recv(), timeout=due - now)
@@ -232,7 +227,6 @@ class Unroller:
                 # parameters it published meanwhile (refreshed below), not ahead of a full queue.
                 await self.output.wait_for_backlog(self.config.max_queued_unrolls)
             if self.config.just_in_time:
-                self.gate_at = time.monotonic()
                 await self.hold_until_due()
             now = time.monotonic()
             self.unroll_started.update((group, now) for group in starting)
