@@ -220,8 +220,9 @@ class Unroller:
             await self.wait_for_params()
         steps = [r.message for r in requests]
         starting = [(s.runner, s.env_offset) for s in steps
-                    if len(self.rows.get((s.runner, s.env_offset), ())) <= 1]
-        if self.on_policy and starting:
+                    if len(self.rows.get((s.runner, s.env_offset), ())) <= 1] \
+            if self.on_policy else []
+        if starting:
             if self.config.max_queued_unrolls is not None:
                 # An unroll starts: collect it once the learner can take it soon, with the
                 # parameters it published meanwhile (refreshed below), not ahead of a full queue.
